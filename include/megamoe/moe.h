@@ -1,0 +1,101 @@
+// The MoE layer API: one config, one canonical weight representation, backends behind one interface.
+//
+//   out[t] = sum_{j < top_k, id = topk_ids[t, j] >= 0} w[t, j] * W2_id( act( W13_id( x[t] ) ) )
+//            (+ shared_expert(x[t]) when configured)
+//
+// with W13 = [gate; up] ([2I, H]) and act = SiLU-and-mul or clamped SwiGLU. With apply_topk_in_fc1
+// the weight w[t, j] multiplies the activation output (before the requantization for GEMM 2)
+// instead of the GEMM 2 output, as DeepSeek-V4 does.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "megamoe/formats.h"
+#include "megamoe/tensor.h"
+#include "megamoe/types.h"
+
+namespace megamoe {
+
+class EpGroup;  // ep.h: the expert-parallel group (NCCL communicator + symmetric memory)
+
+struct MoeConfig {
+  int hidden = 0;               // H
+  int intermediate = 0;         // I (per expert; W13 has 2I rows)
+  int num_experts = 0;          // E, global
+  int top_k = 0;
+  WeightFormat weight_format = WeightFormat::kBf16;
+  Activation activation{};
+  bool apply_topk_in_fc1 = false;
+  int shared_intermediate = 0;  // > 0: one shared expert of this intermediate size (same format)
+  int max_tokens_per_rank = 0;  // capacity of every EP buffer; forward() checks T against it
+
+  // Throws megamoe::Error naming the field and the limit (e.g. "hidden = 100 must be a positive
+  // multiple of 128 for weight_format fp8_block").
+  void validate() const;
+};
+
+// One expert's weights in the canonical representation (formats.h). Backends transform them into
+// their own layouts once, in load_expert().
+struct ExpertWeights {
+  formats::QuantizedMatrix w13;  // [2I, H]
+  formats::QuantizedMatrix w2;   // [H, I]
+};
+
+// Tensors for one forward on one rank. CPU backends take Device::kCpu views, GPU backends kCuda.
+struct MoeInputs {
+  TensorView hidden;        // [T, H] bf16 (GPU and CPU) or f32 (CPU reference only)
+  TensorView topk_ids;      // [T, top_k] int32, -1 = no expert (padding)
+  TensorView topk_weights;  // [T, top_k] f32
+};
+struct MoeOutputs {
+  TensorView out;  // [T, H], same dtype as hidden
+};
+
+struct Capabilities {
+  std::vector<WeightFormat> formats;
+  std::vector<Activation::Kind> activations;
+  int min_ranks = 1, max_ranks = 1;
+  bool needs_gpu = false;
+  bool supports_apply_topk_in_fc1 = true;
+  bool supports_shared_expert = true;
+  // Empty when the backend can run `config` on `num_ranks` ranks; otherwise why not.
+  std::string reject_reason(const MoeConfig& config, int num_ranks) const;
+};
+
+// Opaque stream handle (cudaStream_t on GPU backends, ignored by `reference`), so that this header
+// needs no CUDA include.
+using StreamHandle = void*;
+
+class MoeBackend {
+ public:
+  virtual ~MoeBackend() = default;
+  virtual std::string_view name() const = 0;
+  virtual Capabilities capabilities() const = 0;
+  virtual const MoeConfig& config() const = 0;
+  // Experts this rank holds: global ids [first_local_expert, first_local_expert + num_local_experts).
+  virtual int first_local_expert() const = 0;
+  virtual int num_local_experts() const = 0;
+  // Called once per local expert before the first forward (the backend copies what it needs).
+  virtual void load_expert(int local_expert, const ExpertWeights& weights) = 0;
+  virtual void load_shared_expert(const ExpertWeights& weights) = 0;
+  // Allocations, layout transforms and one dry run; must precede any CUDA-graph capture.
+  virtual void warmup(StreamHandle stream) = 0;
+  // Collective across the EP group: every rank calls it, with T >= 0 tokens (T may differ by rank).
+  virtual void forward(const MoeInputs& inputs, MoeOutputs& outputs, StreamHandle stream) = 0;
+  // Idempotent; later calls of anything else throw.
+  virtual void destroy() = 0;
+};
+
+// Backend names are normalised (case, '-' vs '_'); aliases: "ref"/"cpu" -> reference,
+// "staged"/"unfused" -> staged, "mega"/"megamoe"/"fused" -> mega.
+std::string normalize_backend_name(std::string_view name);
+std::vector<std::string> backend_names();
+// `ep` may be null for single-rank use. Throws megamoe::Error listing the reason when the backend
+// cannot run `config` on the group.
+std::unique_ptr<MoeBackend> make_backend(std::string_view name, const MoeConfig& config, EpGroup* ep);
+
+}  // namespace megamoe
