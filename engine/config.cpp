@@ -233,9 +233,10 @@ ModelConfig parse_model_config(const json& config) {
       const json& layers = config.at("mlp_only_layers");
       MEGAMOE_CHECK(layers.is_array(), "config.json: 'mlp_only_layers' must be a list of layer indices");
       for (const json& layer : layers) {
-        MEGAMOE_CHECK(layer.is_number_integer() && layer.get<int>() >= 0 && layer.get<int>() < out.num_layers,
-                      "config.json: 'mlp_only_layers' entry ", layer.dump(), " must be in [0, ", out.num_layers, ")");
-        out.mlp_only_layers.push_back(layer.get<int>());
+        MEGAMOE_CHECK(layer.is_number_integer() && layer.get<int64_t>() >= 0 && layer.get<int64_t>() < (1 << 20),
+                      "config.json: 'mlp_only_layers' entry ", layer.dump(), " must be a layer index >= 0");
+        // Entries past num_hidden_layers (e.g. after --hf-overrides) name no layer, as in transformers.
+        if (layer.get<int>() < out.num_layers) out.mlp_only_layers.push_back(layer.get<int>());
       }
     }
     reader.require_value_or_absent("shared_expert_intermediate_size", 0, "no shared expert in qwen3_moe");
