@@ -66,7 +66,9 @@ void check_matrix(const char* field, const formats::QuantizedMatrix& m, WeightFo
   try {
     m.validate();
   } catch (const Error& e) {
-    MEGAMOE_FAIL(context, field, ": ", e.what());
+    std::string inner = e.what();
+    if (inner.rfind("megamoe: ", 0) == 0) inner.erase(0, 9);
+    MEGAMOE_FAIL(context, field, ": ", inner);
   }
 }
 
