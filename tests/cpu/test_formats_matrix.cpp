@@ -295,7 +295,9 @@ TEST(FormatsMatrix, QuantizeErrorBoundsOnGaussianData) {
         ASSERT_LE(std::fabs(x - y), bound + std::fabs(x) * 1e-6) << "at " << r << "," << c << " w=" << x << " got " << y;
       }
     }
-    const double limit = format == WeightFormat::kBf16 ? 3e-3 : format == WeightFormat::kFp8Block ? 0.04 : 0.2;
+    // Measured: bf16 0.0017, fp8_block 0.026, nvfp4 0.095, mxfp4 0.114 (this seed).
+    const double limit = format == WeightFormat::kBf16 ? 2e-3 : format == WeightFormat::kFp8Block ? 0.03
+                       : format == WeightFormat::kNvfp4 ? 0.11 : 0.13;
     EXPECT_LT(err, limit);
     EXPECT_GT(err, 0.0) << "random data is not exactly representable";
   }
