@@ -30,7 +30,8 @@ struct RawTensor {
 };
 
 // The [1:] slice of expert `expert` of a stacked [E, ...] tensor (gpt-oss stores
-// `*_blocks` [E, N, K/32, 16] and `*_scales` [E, N, K/32]). Throws naming the tensor when
+// `*_blocks` [E, N, K/32, 16] and `*_scales` [E, N, K/32]; fused checkpoints store
+// `weight_scale_2` [E, 2] -> [2] and `input_scale` [E] -> []). Throws naming the tensor when
 // expert is out of [0, E).
 RawTensor slice_expert(const RawTensor& stacked, int64_t expert);
 

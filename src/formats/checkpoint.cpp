@@ -109,8 +109,7 @@ int64_t RawTensor::numel() const {
 }
 
 RawTensor slice_expert(const RawTensor& stacked, int64_t expert) {
-  MEGAMOE_CHECK(stacked.shape.size() >= 2, label("stacked tensor", stacked),
-                ": expected [E, ...] with rank >= 2, got ", shape_string(stacked.shape));
+  MEGAMOE_CHECK(!stacked.shape.empty(), label("stacked tensor", stacked), ": expected [E, ...], got a scalar");
   MEGAMOE_CHECK(expert >= 0 && expert < stacked.shape[0], label("stacked tensor", stacked), ": expert ", expert,
                 " must be in [0, E = ", stacked.shape[0], ")");
   RawTensor slice;

@@ -125,6 +125,16 @@ TEST(FormatsCheckpoint, ModelOptFusedW13WithTwoGlobalsIsExactPerHalf) {
   const QuantizedMatrix m = from_modelopt_nvfp4(raw(DType::kU8, {n, k / 2}, weight), raw(DType::kU8, {n, k / 16}, scales),
                                                 raw(DType::kF32, {2}, globals));
   EXPECT_EQ(m.global_scales, (std::array<float, 2>{0.5f, 0.0625f}));
+  // The same through a stacked [E, 2] weight_scale_2 and an [E] input_scale (as vLLM fuses them).
+  const std::vector<float> stacked_globals{1.0f, 1.0f, 0.5f, 0.0625f}, input_scales{0.25f, 0.125f};
+  const RawTensor ws2 = slice_expert(raw(DType::kF32, {2, 2}, stacked_globals, "w13_weight_scale_2"), 1);
+  EXPECT_EQ(ws2.shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(ws2.name, "w13_weight_scale_2[1]");
+  EXPECT_EQ(from_modelopt_nvfp4(raw(DType::kU8, {n, k / 2}, weight), raw(DType::kU8, {n, k / 16}, scales), ws2).global_scales,
+            m.global_scales);
+  const RawTensor input = slice_expert(raw(DType::kF32, {2}, input_scales, "w13_input_scale"), 1);
+  EXPECT_TRUE(input.shape.empty());
+  EXPECT_EQ(nvfp4_input_dequant_factor(input, Nvfp4ScaleConvention::kModelOpt), 0.125f);
   const std::vector<float> d = dequantize(m);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < k; ++c) {
