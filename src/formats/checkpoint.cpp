@@ -61,6 +61,16 @@ std::array<float, 2> read_global_pair(const char* role, const RawTensor& t) {
   return scalar ? std::array<float, 2>{v[0], v[0]} : std::array<float, 2>{v[0], v[1]};
 }
 
+// A matrix of `format` whose codes are a copy of `codes` (scales are filled in by the caller).
+QuantizedMatrix adopt_codes(WeightFormat format, int64_t rows, int64_t cols, const RawTensor& codes) {
+  QuantizedMatrix m;
+  m.format = format;
+  m.rows = rows;
+  m.cols = cols;
+  copy_bytes(m.data, codes);
+  return m;
+}
+
 QuantizedMatrix nvfp4_from(const char* weight_role, const RawTensor& weight, const RawTensor& weight_scale,
                            const char* global_role, const RawTensor& global, Nvfp4ScaleConvention convention) {
   check_rank2(weight_role, weight);
@@ -73,11 +83,7 @@ QuantizedMatrix nvfp4_from(const char* weight_role, const RawTensor& weight, con
   if (stored[0] != stored[1] || global.shape == std::vector<int64_t>{2}) {
     MEGAMOE_CHECK(n % 2 == 0, label(global_role, global), ": 2 globals (gate, up) need an even row count N, got N = ", n);
   }
-  QuantizedMatrix m;
-  m.format = WeightFormat::kNvfp4;
-  m.rows = n;
-  m.cols = k;
-  copy_bytes(m.data, weight);
+  QuantizedMatrix m = adopt_codes(WeightFormat::kNvfp4, n, k, weight);
   copy_bytes(m.group_scales, weight_scale);
   const std::string g0 = label(global_role, global) + "[0]", g1 = label(global_role, global) + "[1]";
   m.global_scales = {nvfp4_dequant_factor(stored[0], convention, g0.c_str()),
@@ -124,11 +130,8 @@ RawTensor slice_expert(const RawTensor& stacked, int64_t expert) {
 QuantizedMatrix from_bf16_checkpoint(const RawTensor& weight) {
   check_rank2("weight", weight);
   check_raw("weight", weight, {DType::kBF16}, weight.shape);
-  QuantizedMatrix m;
-  m.format = WeightFormat::kBf16;
-  m.rows = weight.shape[0];
-  m.cols = weight.shape[1];
-  copy_bytes(m.data, weight);  // little-endian host: the bytes are the canonical layout
+  // Little-endian host: the checkpoint's bytes are the canonical layout.
+  QuantizedMatrix m = adopt_codes(WeightFormat::kBf16, weight.shape[0], weight.shape[1], weight);
   m.validate();
   return m;
 }
@@ -140,11 +143,7 @@ QuantizedMatrix from_deepseek_fp8(const RawTensor& weight, const RawTensor& weig
   const int64_t n = weight.shape[0], k = weight.shape[1];
   check_raw("weight", weight, {DType::kFP8E4M3, DType::kU8}, {n, k});
   check_raw("weight_scale_inv", weight_scale_inv, {DType::kF32}, {ceil_div(n, kFp8BlockSize), ceil_div(k, kFp8BlockSize)});
-  QuantizedMatrix m;
-  m.format = WeightFormat::kFp8Block;
-  m.rows = n;
-  m.cols = k;
-  copy_bytes(m.data, weight);
+  QuantizedMatrix m = adopt_codes(WeightFormat::kFp8Block, n, k, weight);
   copy_bytes(m.block_scales, weight_scale_inv);
   m.validate();
   return m;
@@ -208,11 +207,8 @@ QuantizedMatrix from_mxfp4(const RawTensor& blocks, const RawTensor& scales) {
   }
   check_raw("blocks", blocks, {DType::kU8, DType::kFP4E2M1x2}, blocks.shape);
   check_raw("scales", scales, {DType::kU8, DType::kUE8M0}, {n, k / kMxfp4GroupSize});
-  QuantizedMatrix m;
-  m.format = WeightFormat::kMxfp4;
-  m.rows = n;
-  m.cols = k;
-  copy_bytes(m.data, blocks);  // [N, K/32, 16] bytes are the [N, K/2] bytes in the same order
+  // [N, K/32, 16] bytes are the [N, K/2] bytes in the same order.
+  QuantizedMatrix m = adopt_codes(WeightFormat::kMxfp4, n, k, blocks);
   copy_bytes(m.group_scales, scales);
   m.validate();
   return m;

@@ -10,9 +10,11 @@
 #include "megamoe/checkpoint.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
+#include "cpu/formats_test_util.h"
 
 using namespace megamoe;
 using namespace megamoe::formats;
+using megamoe::test::expect_error_mentions;
 
 namespace {
 
@@ -24,17 +26,6 @@ RawTensor raw(DType dtype, std::vector<int64_t> shape, const std::vector<T>& dat
   t.data = data.data();
   t.name = std::move(name);
   return t;
-}
-
-template <typename F>
-void expect_error_mentions(F&& f, const std::vector<std::string>& words) {
-  try {
-    f();
-    ADD_FAILURE() << "expected megamoe::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const auto& w : words) EXPECT_NE(what.find(w), std::string::npos) << "'" << w << "' not in: " << what;
-  }
 }
 
 std::vector<uint8_t> random_bytes(size_t n, uint32_t seed, uint8_t avoid_mask = 0) {

@@ -8,9 +8,11 @@
 
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
+#include "cpu/formats_test_util.h"
 
 using namespace megamoe;
 using namespace megamoe::formats;
+using megamoe::test::expect_error_mentions;
 
 namespace {
 
@@ -44,17 +46,6 @@ double rel_l2(const std::vector<float>& ref, const std::vector<float>& got) {
     den += double(ref[i]) * ref[i];
   }
   return std::sqrt(num / den);
-}
-
-template <typename F>
-void expect_error_mentions(F&& f, const std::vector<std::string>& words) {
-  try {
-    f();
-    ADD_FAILURE() << "expected megamoe::Error";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const auto& w : words) EXPECT_NE(what.find(w), std::string::npos) << "'" << w << "' not in: " << what;
-  }
 }
 
 // Half the gap of the E2M1 grid around |v| (v = |w| / step), with saturation above 6.
