@@ -348,6 +348,11 @@ TEST(FormatsMatrix, ValidateNamesTheFieldAndLimit) {
   q.global_scales = {2.0f, 2.0f};
   expect_error_mentions([&] { q.validate(); }, {"global_scales", "nvfp4 only"});
   expect_error_mentions([&] { quantize(w.data(), 4, 24, WeightFormat::kNvfp4); }, {"cols = 24", "16"});
+  w[2 * 32 + 5] = INFINITY;
+  expect_error_mentions([&] { quantize(w.data(), 4, 32, WeightFormat::kFp8Block); }, {"weight[2, 5] = inf", "not finite"});
+  w[2 * 32 + 5] = NAN;
+  expect_error_mentions([&] { quantize(w.data(), 4, 32, WeightFormat::kMxfp4); }, {"weight[2, 5]", "not finite"});
+  w[2 * 32 + 5] = 0.0f;
   expect_error_mentions([&] { quantize(w.data(), 4, 48, WeightFormat::kMxfp4); }, {"cols = 48", "32"});
   QuantizedMatrix odd;
   odd.format = WeightFormat::kNvfp4;
