@@ -115,8 +115,8 @@ std::vector<float> dequantize(const QuantizedMatrix& matrix);
 //   kNvfp4: global = amax(all)/(448*6) (1 if zero); group scale s = e4m3(amax(group)/6/global);
 //           q = e2m1(w / (e4m3_to_f32(s) * global)); a zero group scale gives zero codes.
 //   kMxfp4: OCP: e = floor(log2(amax(group))) - 2 (clamped to [-127, 127]), q = e2m1(w / 2^e).
-// All arithmetic is FP32 in the order written (amax/6.0f/global; e4m3(s)*global, then w / that). NaN
-// weights are ignored by amax and quantize like the scalar conversions (E4M3 NaN, E2M1 +6).
+// All arithmetic is FP32 in the order written (amax/6.0f/global; e4m3(s)*global, then w / that).
+// Throws megamoe::Error naming the element when a weight is inf or NaN.
 QuantizedMatrix quantize(const float* w, int64_t rows, int64_t cols, WeightFormat format);
 // kNvfp4 with one global per half (rows [0, rows/2) and [rows/2, rows)), as a W13 whose gate and up
 // were quantized separately has.

@@ -46,6 +46,10 @@ float nvfp4_global_for(float amax) { return amax == 0.0f ? 1.0f : amax / (kE4M3M
 void check_quantize_args(const float* w, int64_t rows, int64_t cols) {
   MEGAMOE_CHECK(rows >= 0 && cols >= 0, "quantize: shape [", rows, ", ", cols, "] must be non-negative");
   MEGAMOE_CHECK(w != nullptr || rows * cols == 0, "quantize: weight pointer is null");
+  // A non-finite weight would turn a whole block's or tensor's scale into inf/NaN: reject it.
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    MEGAMOE_CHECK(std::isfinite(w[i]), "quantize: weight[", i / cols, ", ", i % cols, "] = ", w[i], " is not finite");
+  }
 }
 
 }  // namespace
