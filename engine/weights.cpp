@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "engine/safetensors.h"
+#include "megamoe/checkpoint.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 
@@ -64,7 +65,9 @@ class CheckpointSource final : public WeightSource {
   bool has(const std::string& name) const override { return checkpoint_.has(name); }
 
   std::vector<float> dense(const std::string& name, const std::vector<int64_t>& shape) const override {
-    return checkpoint_.read_f32(name, shape);
+    const TensorRecord& record = checked(name, shape);
+    if (record.dtype != DType::kFP8E4M3) return checkpoint_.read_f32(name, shape);
+    return formats::dequantize(fp8_matrix(record));  // FP8 checkpoint: e4m3 * weight_scale_inv[block]
   }
 
   ExpertWeights expert(int layer, int expert, WeightFormat format) const override {
@@ -75,6 +78,8 @@ class CheckpointSource final : public WeightSource {
     // Mixtral: w1 = gate, w3 = up, w2 = down).
     if (checkpoint_.has(moe + "experts.gate_up_proj")) {
       const TensorRecord& gate_up = checked(moe + "experts.gate_up_proj", {E, 2 * I, H});
+      MEGAMOE_CHECK(gate_up.dtype != DType::kFP8E4M3, "tensor '", gate_up.name, "' in ", gate_up.file,
+                    ": fused FP8 expert tensors are not supported (per-expert FP8 keys are)");
       const TensorRecord& down = checked(moe + "experts.down_proj", {E, H, I});
       weights.w13 = build_matrix({{&gate_up, expert * 2 * I * H, 2 * I * H}}, 2 * I, H, format);
       weights.w2 = build_matrix({{&down, expert * H * I, H * I}}, H, I, format);
@@ -85,6 +90,14 @@ class CheckpointSource final : public WeightSource {
     const TensorRecord& gate = checked(e + (mixtral_names ? "w1.weight" : "gate_proj.weight"), {I, H});
     const TensorRecord& up = checked(e + (mixtral_names ? "w3.weight" : "up_proj.weight"), {I, H});
     const TensorRecord& down = checked(e + (mixtral_names ? "w2.weight" : "down_proj.weight"), {H, I});
+    if (gate.dtype == DType::kFP8E4M3) {
+      // Pre-quantized FP8 block experts move unchanged (no requantization).
+      MEGAMOE_CHECK(format == WeightFormat::kFp8Block, "tensor '", gate.name, "' in ", gate.file,
+                    " is FP8 block-quantized; it cannot be loaded as ", weight_format_name(format));
+      weights.w13 = formats::fuse_w13(fp8_matrix(gate), fp8_matrix(up));
+      weights.w2 = fp8_matrix(down);
+      return weights;
+    }
     weights.w13 = build_matrix({{&gate, 0, I * H}, {&up, 0, I * H}}, 2 * I, H, format);
     weights.w2 = build_matrix({{&down, 0, H * I}}, H, I, format);
     return weights;
@@ -95,6 +108,15 @@ class CheckpointSource final : public WeightSource {
   std::string moe_prefix(int layer) const {
     const std::string block_sparse = layer_prefix(layer) + "block_sparse_moe.";
     return checkpoint_.has(block_sparse + "gate.weight") ? block_sparse : layer_prefix(layer) + "mlp.";
+  }
+  // An FP8 E4M3 `<x>.weight` with its `<x>.weight_scale_inv` (F32 or BF16 dequant factors per 128x128).
+  formats::QuantizedMatrix fp8_matrix(const TensorRecord& weight) const {
+    const TensorRecord& scale = checkpoint_.get(weight.name + "_scale_inv");
+    std::vector<float> scale_f32(static_cast<size_t>(scale.numel()));
+    convert_to_f32(scale, 0, scale.numel(), scale_f32.data());
+    const formats::RawTensor raw_weight{DType::kFP8E4M3, weight.shape, weight.data, weight.name};
+    const formats::RawTensor raw_scale{DType::kF32, scale.shape, scale_f32.data(), scale.name};
+    return formats::from_deepseek_fp8(raw_weight, raw_scale);
   }
   const TensorRecord& checked(const std::string& name, const std::vector<int64_t>& shape) const {
     const TensorRecord& record = checkpoint_.get(name);
