@@ -204,16 +204,18 @@ class DummySource final : public WeightSource {
 
 class ProgressBar {
  public:
-  ProgressBar(bool enabled, int64_t total) : enabled_(enabled), total_(total), start_(clock::now()) {}
+  ProgressBar(bool enabled, int64_t total)
+      : enabled_(enabled), interactive_(::isatty(STDERR_FILENO) == 1), total_(total), start_(clock::now()) {}
+  // Redraws at most every 100 ms on a terminal; a log file gets the final line only.
   void advance(int64_t done) {
     if (!enabled_) return;
     const auto now = clock::now();
-    if (done < total_ && now - last_ < std::chrono::milliseconds(100)) return;
+    if (done < total_ && (!interactive_ || now - last_ < std::chrono::milliseconds(100))) return;
     last_ = now;
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(total_, 1));
     const double seconds = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr, "\rLoading weights [%.*s%*s] %lld/%lld layers %.1fs", filled,
+    std::fprintf(stderr, "%sLoading weights [%.*s%*s] %lld/%lld layers %.1fs", interactive_ ? "\r" : "", filled,
                  "##############################", kWidth - filled, "", static_cast<long long>(done),
                  static_cast<long long>(total_), seconds);
     if (done >= total_) std::fprintf(stderr, "\n");
@@ -222,7 +224,7 @@ class ProgressBar {
 
  private:
   using clock = std::chrono::steady_clock;
-  bool enabled_;
+  bool enabled_, interactive_;
   int64_t total_;
   clock::time_point start_, last_{};
 };

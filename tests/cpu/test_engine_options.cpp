@@ -154,7 +154,9 @@ TEST(EngineOptions, StepRejectsBadBatches) {
   expect_error(b, "start_position = -1");
   b.chunks = {chunk(0, {1}, 4096, {0})};
   expect_error(b, "max_position_embeddings");
-  // A shared, read-only prefix block is fine.
+  // An empty step (an EP rank with no work still steps through every MoE layer) and a shared,
+  // read-only prefix block are fine.
+  EXPECT_TRUE(runner->step(StepBatch{}).logits.empty());
   b.chunks = {chunk(0, {1}, bs, {0, 1}), chunk(1, {2}, bs, {0, 2})};
   EXPECT_EQ(runner->step(b).logits.size(), 2u);
 }
