@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "cpu/engine_test_util.h"
 #include "megamoe/error.h"
 
 using namespace megamoe;
@@ -12,7 +13,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/" + name; }
+using megamoe::engine::testing::fixture;
 
 // Expects parse_model_config(config) to throw an Error whose message contains every `needle`.
 void expect_rejected(const json& config, std::initializer_list<std::string> needles) {

@@ -14,6 +14,7 @@
 
 #include "engine/config.h"
 #include "engine/model.h"
+#include "cpu/engine_test_util.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 
@@ -24,31 +25,13 @@ using nlohmann::json;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/" + name; }
+using megamoe::engine::testing::fixture;
 
-struct Tensor {
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
+using megamoe::engine::testing::RawSafetensor;
+using megamoe::engine::testing::compare;
 
-void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors) {
-  json header = json::object();
-  uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
-  }
-  const std::string text = header.dump();
-  std::ofstream out(path, std::ios::binary);
-  const uint64_t length = text.size();
-  out.write(reinterpret_cast<const char*>(&length), 8);  // little-endian host
-  out << text;
-  for (const auto& [name, t] : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
-}
-
-Tensor f32_tensor(const std::vector<float>& values, std::vector<int64_t> shape) {
-  Tensor t{"F32", std::move(shape), std::vector<uint8_t>(values.size() * 4)};
+RawSafetensor f32_tensor(const std::string& name, const std::vector<float>& values, std::vector<int64_t> shape) {
+  RawSafetensor t{name, "F32", std::move(shape), std::vector<uint8_t>(values.size() * 4)};
   std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
   return t;
 }
@@ -73,7 +56,7 @@ class EngineFp8Checkpoint : public ::testing::Test {
 
     seed_ = std::random_device{}();
     std::mt19937 rng(seed_);
-    std::map<std::string, Tensor> fp8, f32;
+    std::vector<RawSafetensor> fp8, f32;
     auto random = [&](int64_t count, double std, double mean) {
       std::normal_distribution<float> normal(static_cast<float>(mean), static_cast<float>(std));
       std::vector<float> v(count);
@@ -83,17 +66,17 @@ class EngineFp8Checkpoint : public ::testing::Test {
     auto plain = [&](const std::string& name, std::vector<int64_t> shape, double std, double mean = 0.0) {
       int64_t n = 1;
       for (int64_t d : shape) n *= d;
-      const Tensor t = f32_tensor(random(n, std, mean), shape);
-      fp8[name] = t;
-      f32[name] = t;
+      const RawSafetensor t = f32_tensor(name, random(n, std, mean), shape);
+      fp8.push_back(t);
+      f32.push_back(t);
     };
     // FP8 in one file; the dequantized F32 values in the other.
     auto quantized = [&](const std::string& name, int64_t rows, int64_t cols) {
       const std::vector<float> w = random(rows * cols, 1.0 / std::sqrt(static_cast<double>(cols)), 0.0);
       const formats::QuantizedMatrix q = formats::quantize(w.data(), rows, cols, WeightFormat::kFp8Block);
-      fp8[name] = Tensor{"F8_E4M3", {rows, cols}, q.data};
-      fp8[name + "_scale_inv"] = f32_tensor(q.block_scales, {(rows + 127) / 128, (cols + 127) / 128});
-      f32[name] = f32_tensor(formats::dequantize(q), {rows, cols});
+      fp8.push_back(RawSafetensor{name, "F8_E4M3", {rows, cols}, q.data});
+      fp8.push_back(f32_tensor(name + "_scale_inv", q.block_scales, {(rows + 127) / 128, (cols + 127) / 128}));
+      f32.push_back(f32_tensor(name, formats::dequantize(q), {rows, cols}));
     };
     const int64_t H = c.hidden_size, V = c.vocab_size, D = c.head_dim, I = c.moe_intermediate_size;
     plain("model.embed_tokens.weight", {V, H}, 1.0);
@@ -123,8 +106,8 @@ class EngineFp8Checkpoint : public ::testing::Test {
         quantized(x + "down_proj.weight", H, I);
       }
     }
-    write_safetensors((root_ / "fp8" / "model.safetensors").string(), fp8);
-    write_safetensors((root_ / "f32" / "model.safetensors").string(), f32);
+    megamoe::engine::testing::write_safetensors((root_ / "fp8" / "model.safetensors").string(), fp8);
+    megamoe::engine::testing::write_safetensors((root_ / "f32" / "model.safetensors").string(), f32);
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -149,15 +132,8 @@ TEST_F(EngineFp8Checkpoint, MatchesTheDequantizedModelWithOnlineFp8Experts) {
   const std::vector<float> from_fp8 = logits(*make_cpu_model_runner((root_ / "fp8").string(), options));
   options.load.quantization = WeightFormat::kFp8Block;
   const std::vector<float> from_f32 = logits(*make_cpu_model_runner((root_ / "f32").string(), options));
-  double diff = 0, ref = 0, max_abs = 0, ref_max = 0;
-  for (size_t i = 0; i < from_f32.size(); ++i) {
-    const double d = static_cast<double>(from_fp8[i]) - from_f32[i];
-    diff += d * d;
-    ref += static_cast<double>(from_f32[i]) * from_f32[i];
-    max_abs = std::max(max_abs, std::abs(d));
-    ref_max = std::max(ref_max, std::abs(static_cast<double>(from_f32[i])));
-  }
-  const double rel_l2 = std::sqrt(diff / ref);
+  const auto c = compare(from_fp8, from_f32);
+  const double rel_l2 = c.rel_l2, max_abs = c.max_abs, ref_max = c.ref_max;
   std::printf("fp8 checkpoint vs dequantized f32 + online fp8: rel_l2 %.3g, max |diff| %.3g (max |ref| %.3g)\n",
               rel_l2, max_abs, ref_max);
   // Dense weights are the same fp32 values; online requantization of dequantized experts reproduces
