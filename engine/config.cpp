@@ -146,15 +146,32 @@ std::vector<int32_t> parse_eos(FieldReader& reader) {
   return ids;
 }
 
-// Pre-quantized checkpoints: FP8 with 128x128 block scales (`weight_scale_inv`) only, for now.
+// Pre-quantized checkpoints: FP8 with 128x128 block scales, ModelOpt NVFP4, compressed-tensors NVFP4 /
+// MXFP4. Which tensors are quantized, and how, is read from the tensors themselves (weights.cpp).
 WeightFormat parse_quantization_config(FieldReader& reader) {
   reader.ignore("quantization_config");
   if (!reader.has("quantization_config")) return WeightFormat::kBf16;
   const json& q = reader.config.at("quantization_config");
   MEGAMOE_CHECK(q.is_object(), "config.json: 'quantization_config' must be an object");
-  MEGAMOE_CHECK(q.contains("quant_method") && q.at("quant_method") == "fp8",
-                "config.json: 'quantization_config.quant_method' = ", q.value("quant_method", json()).dump(),
-                " is not supported (fp8 with 128x128 block scales; or a BF16 checkpoint with --quantization)");
+  const json method = q.value("quant_method", json());
+  if (method == "modelopt") {
+    MEGAMOE_CHECK(q.value("quant_algo", json()) == "NVFP4", "config.json: 'quantization_config.quant_algo' = ",
+                  q.value("quant_algo", json()).dump(), " is not supported (modelopt: NVFP4)");
+    MEGAMOE_CHECK(!q.contains("group_size") || q.at("group_size") == 16,
+                  "config.json: 'quantization_config.group_size' = ", q.value("group_size", json()).dump(),
+                  " is not supported (NVFP4 groups of 16)");
+    return WeightFormat::kNvfp4;
+  }
+  if (method == "compressed-tensors") {
+    const json format = q.value("format", json());
+    if (format == "nvfp4-pack-quantized") return WeightFormat::kNvfp4;
+    if (format == "mxfp4-pack-quantized") return WeightFormat::kMxfp4;
+    MEGAMOE_FAIL("config.json: 'quantization_config.format' = ", format.dump(),
+                 " is not supported (compressed-tensors: nvfp4-pack-quantized, mxfp4-pack-quantized)");
+  }
+  MEGAMOE_CHECK(method == "fp8", "config.json: 'quantization_config.quant_method' = ", method.dump(),
+                " is not supported (fp8 with 128x128 blocks, modelopt NVFP4, compressed-tensors NVFP4/MXFP4; or a "
+                "BF16 checkpoint with --quantization)");
   for (const auto& [key, value] : q.items()) {
     if (key == "quant_method" || key == "modules_to_not_convert" || key == "ignored_layers") continue;
     // Which tensors are FP8 is read from their dtype, so the two lists above need no interpretation.

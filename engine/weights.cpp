@@ -62,12 +62,16 @@ class CheckpointSource final : public WeightSource {
   CheckpointSource(const ModelConfig& config, const std::string& model_dir)
       : config_(config), checkpoint_(model_dir) {}
 
-  bool has(const std::string& name) const override { return checkpoint_.has(name); }
+  bool has(const std::string& name) const override {
+    return checkpoint_.has(name) || checkpoint_.has(base_of(name) + ".weight_packed");
+  }
 
   std::vector<float> dense(const std::string& name, const std::vector<int64_t>& shape) const override {
-    const TensorRecord& record = checked(name, shape);
-    if (record.dtype != DType::kFP8E4M3) return checkpoint_.read_f32(name, shape);
-    return formats::dequantize(fp8_matrix(record));  // FP8 checkpoint: e4m3 * weight_scale_inv[block]
+    if (auto quantized = quantized_linear(base_of(name))) {
+      check_shape(*quantized, name, shape[0], shape[1]);
+      return formats::dequantize(*quantized);  // pre-quantized checkpoint: dense layers run in fp32
+    }
+    return checkpoint_.read_f32(name, shape);
   }
 
   ExpertWeights expert(int layer, int expert, WeightFormat format) const override {
@@ -86,18 +90,29 @@ class CheckpointSource final : public WeightSource {
       return weights;
     }
     const std::string e = moe + "experts." + std::to_string(expert) + ".";
-    const bool mixtral_names = checkpoint_.has(e + "w1.weight");
-    const TensorRecord& gate = checked(e + (mixtral_names ? "w1.weight" : "gate_proj.weight"), {I, H});
-    const TensorRecord& up = checked(e + (mixtral_names ? "w3.weight" : "up_proj.weight"), {I, H});
-    const TensorRecord& down = checked(e + (mixtral_names ? "w2.weight" : "down_proj.weight"), {H, I});
-    if (gate.dtype == DType::kFP8E4M3) {
-      // Pre-quantized FP8 block experts move unchanged (no requantization).
-      MEGAMOE_CHECK(format == WeightFormat::kFp8Block, "tensor '", gate.name, "' in ", gate.file,
-                    " is FP8 block-quantized; it cannot be loaded as ", weight_format_name(format));
-      weights.w13 = formats::fuse_w13(fp8_matrix(gate), fp8_matrix(up));
-      weights.w2 = fp8_matrix(down);
+    const bool mixtral_names = has(e + "w1.weight");
+    const std::string gate_base = e + (mixtral_names ? "w1" : "gate_proj");
+    const std::string up_base = e + (mixtral_names ? "w3" : "up_proj");
+    const std::string down_base = e + (mixtral_names ? "w2" : "down_proj");
+    if (auto gate_q = quantized_linear(gate_base)) {
+      // Pre-quantized experts move to the backend unchanged (no requantization).
+      MEGAMOE_CHECK(gate_q->format == format, "tensor '", gate_base, "' in ", checkpoint_.dir(), " is ",
+                    weight_format_name(gate_q->format), "-quantized; it cannot be loaded as ",
+                    weight_format_name(format));
+      auto up_q = quantized_linear(up_base);
+      auto down_q = quantized_linear(down_base);
+      MEGAMOE_CHECK(up_q && down_q && up_q->format == format && down_q->format == format, "expert ", expert,
+                    " of layer ", layer, ": gate, up and down must be quantized alike (", gate_base, ")");
+      check_shape(*gate_q, gate_base, I, H);
+      check_shape(*up_q, up_base, I, H);
+      check_shape(*down_q, down_base, H, I);
+      weights.w13 = formats::fuse_w13(*gate_q, *up_q);
+      weights.w2 = std::move(*down_q);
       return weights;
     }
+    const TensorRecord& gate = checked(gate_base + ".weight", {I, H});
+    const TensorRecord& up = checked(up_base + ".weight", {I, H});
+    const TensorRecord& down = checked(down_base + ".weight", {H, I});
     weights.w13 = build_matrix({{&gate, 0, I * H}, {&up, 0, I * H}}, 2 * I, H, format);
     weights.w2 = build_matrix({{&down, 0, H * I}}, H, I, format);
     return weights;
@@ -109,14 +124,52 @@ class CheckpointSource final : public WeightSource {
     const std::string block_sparse = layer_prefix(layer) + "block_sparse_moe.";
     return checkpoint_.has(block_sparse + "gate.weight") ? block_sparse : layer_prefix(layer) + "mlp.";
   }
-  // An FP8 E4M3 `<x>.weight` with its `<x>.weight_scale_inv` (F32 or BF16 dequant factors per 128x128).
-  formats::QuantizedMatrix fp8_matrix(const TensorRecord& weight) const {
-    const TensorRecord& scale = checkpoint_.get(weight.name + "_scale_inv");
-    std::vector<float> scale_f32(static_cast<size_t>(scale.numel()));
-    convert_to_f32(scale, 0, scale.numel(), scale_f32.data());
-    const formats::RawTensor raw_weight{DType::kFP8E4M3, weight.shape, weight.data, weight.name};
-    const formats::RawTensor raw_scale{DType::kF32, scale.shape, scale_f32.data(), scale.name};
-    return formats::from_deepseek_fp8(raw_weight, raw_scale);
+  static std::string base_of(const std::string& name) {
+    constexpr std::string_view suffix = ".weight";
+    return name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name;
+  }
+
+  // A checkpoint tensor as formats::RawTensor; `f32` holds F32 / BF16 / F16 scales converted to F32.
+  formats::RawTensor raw(const std::string& name, std::vector<float>* f32 = nullptr) const {
+    const TensorRecord& record = checkpoint_.get(name);
+    if (f32 == nullptr || record.dtype == DType::kF32) {
+      return formats::RawTensor{record.dtype, record.shape, record.data, record.name + " in " + record.file};
+    }
+    f32->resize(static_cast<size_t>(record.numel()));
+    convert_to_f32(record, 0, record.numel(), f32->data());
+    return formats::RawTensor{DType::kF32, record.shape, f32->data(), record.name + " in " + record.file};
+  }
+
+  // Linear layer `base` (`<base>.weight` or `<base>.weight_packed` + scales) in the canonical form when
+  // the checkpoint stores it quantized, by the tensors present (docs/formats.md, checkpoint conventions):
+  //   FP8 block (DeepSeek / Qwen3-FP8): weight E4M3 + weight_scale_inv
+  //   NVFP4 ModelOpt:                   weight U8 + weight_scale E4M3 + weight_scale_2
+  //   NVFP4 compressed-tensors:         weight_packed + weight_scale E4M3 + weight_global_scale
+  //   MXFP4 compressed-tensors:         weight_packed + weight_scale E8M0 / U8
+  // nullopt for a plain BF16 / F16 / F32 weight.
+  std::optional<formats::QuantizedMatrix> quantized_linear(const std::string& base) const {
+    const std::string weight = base + ".weight";
+    std::vector<float> scale_f32;
+    if (checkpoint_.has(weight) && checkpoint_.get(weight).dtype == DType::kFP8E4M3) {
+      return formats::from_deepseek_fp8(raw(weight), raw(weight + "_scale_inv", &scale_f32));
+    }
+    if (checkpoint_.has(weight + "_scale_2")) {
+      return formats::from_modelopt_nvfp4(raw(weight), raw(weight + "_scale"), raw(weight + "_scale_2", &scale_f32));
+    }
+    if (checkpoint_.has(base + ".weight_packed")) {
+      if (checkpoint_.has(base + ".weight_global_scale")) {
+        return formats::from_compressed_tensors_nvfp4(raw(base + ".weight_packed"), raw(base + ".weight_scale"),
+                                                      raw(base + ".weight_global_scale", &scale_f32));
+      }
+      return formats::from_mxfp4(raw(base + ".weight_packed"), raw(base + ".weight_scale"));
+    }
+    return std::nullopt;
+  }
+
+  static void check_shape(const formats::QuantizedMatrix& matrix, const std::string& name, int64_t rows,
+                          int64_t cols) {
+    MEGAMOE_CHECK(matrix.rows == rows && matrix.cols == cols, "quantized tensor '", name, "': shape [", matrix.rows,
+                  ", ", matrix.cols, "] but the config needs [", rows, ", ", cols, "]");
   }
   const TensorRecord& checked(const std::string& name, const std::vector<int64_t>& shape) const {
     const TensorRecord& record = checkpoint_.get(name);

@@ -120,6 +120,14 @@ TEST(EngineConfig, UnsupportedFieldsAndValuesAreRejectedByName) {
                                              {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}};
   EXPECT_EQ(parse_model_config(c).checkpoint_format, WeightFormat::kFp8Block);
   EXPECT_EQ(parse_model_config(qwen_v5()).checkpoint_format, WeightFormat::kBf16);
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}};
+  EXPECT_EQ(parse_model_config(c).checkpoint_format, WeightFormat::kNvfp4);
+  c["quantization_config"]["quant_algo"] = "FP8";
+  expect_rejected(c, {"quantization_config.quant_algo", "FP8"});
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}};
+  EXPECT_EQ(parse_model_config(c).checkpoint_format, WeightFormat::kMxfp4);
+  c["quantization_config"]["format"] = "pack-quantized";
+  expect_rejected(c, {"quantization_config.format", "pack-quantized"});
   c = qwen_v5(); c["shared_expert_intermediate_size"] = 128; expect_rejected(c, {"shared_expert_intermediate_size"});
   c = qwen_v5(); c["num_key_value_heads"] = 3;              expect_rejected(c, {"num_key_value_heads", "3"});
   c = qwen_v5(); c["num_experts_per_tok"] = 9;              expect_rejected(c, {"num_experts_per_tok", "9"});
