@@ -26,7 +26,7 @@ struct EngineCliOptions {
 };
 
 inline void add_engine_options(CLI::App& app, EngineCliOptions& options) {
-  app.add_option("--model", options.model, "model directory (config.json, *.safetensors)")->required();
+  app.add_option("model", options.model, "model directory (config.json, *.safetensors)")->required();
   app.add_option("--moe-backend", options.runner.moe_backend,
                  "MoE backend: reference | staged | mega (case and -/_ insensitive; aliases ref, cpu, fused, ...)")
       ->capture_default_str();
