@@ -67,6 +67,8 @@ struct Fp8Activations {
 Fp8Activations quantize_fp8_activations(const float* x, int64_t rows, int64_t cols);
 // value = fp32(e4m3(q) * scale), the product formed in FP64 and rounded once.
 std::vector<float> dequantize_fp8_activations(const Fp8Activations& q);
+// The same values unrounded (exact): for fp64 oracles.
+std::vector<double> dequantize_fp8_activations_f64(const Fp8Activations& q);
 int64_t fp8_activation_groups(int64_t cols);  // ceil(cols / 128)
 
 // ---- canonical weight matrix of one expert --------------------------------------------------------
@@ -109,14 +111,17 @@ struct QuantizedMatrix {
 // The products are computed in FP64 and are exact (at most 4+4+24 significant bits), then rounded
 // to FP32 (documented for NVFP4, where the global scale may make the product inexact).
 std::vector<float> dequantize(const QuantizedMatrix& matrix);
+// The exact FP64 products, not rounded to FP32 (fp64 oracles; differs from dequantize only where the
+// product needs more than 24 significant bits, e.g. an NVFP4 global that is not a power of two).
+std::vector<double> dequantize_f64(const QuantizedMatrix& matrix);
 
 // Online quantization of a dense FP32 matrix (used by --quantization and by tests).
 //   kFp8Block: scale = amax(block)/448 (floor kFp8ScaleEps), q = e4m3(w / scale).
 //   kNvfp4: global = amax(all)/(448*6) (1 if zero); group scale s = e4m3(amax(group)/6/global);
 //           q = e2m1(w / (e4m3_to_f32(s) * global)); a zero group scale gives zero codes.
 //   kMxfp4: OCP: e = floor(log2(amax(group))) - 2 (clamped to [-127, 127]), q = e2m1(w / 2^e).
-// All arithmetic is FP32 in the order written (amax/6.0f/global; e4m3(s)*global, then w / that). NaN
-// weights are ignored by amax and quantize like the scalar conversions (E4M3 NaN, E2M1 +6).
+// All arithmetic is FP32 in the order written (amax/6.0f/global; e4m3(s)*global, then w / that).
+// Throws megamoe::Error naming the element when a weight is inf or NaN.
 QuantizedMatrix quantize(const float* w, int64_t rows, int64_t cols, WeightFormat format);
 // kNvfp4 with one global per half (rows [0, rows/2) and [rows/2, rows)), as a W13 whose gate and up
 // were quantized separately has.

@@ -1,9 +1,16 @@
 // Scalar conversions between FP32 and the narrow formats (BF16, FP16, FP8 E4M3/E5M2, E2M1, UE8M0).
 //
 // NOTES: one generic "minifloat" encoder does every format except BF16 (which is FP32 with the low
-// 16 mantissa bits dropped, so the classic add-and-shift RNE trick is exact and much faster). The
-// encoder works in double: |x| (24 significant bits) divided by a power-of-two quantum is exact, so
-// the only rounding is the explicit round-half-to-even below.
+// 16 mantissa bits dropped, so the classic add-and-shift RNE trick is exact). The encoder works on
+// FP32 bit patterns:
+//   normal results:    add (half ulp - 1 + lowest kept bit) to the FP32 bits and shift: RNE, and a
+//                      mantissa carry correctly bumps the exponent;
+//   subnormal results: add a power of two whose ulp is the target's subnormal quantum, letting the
+//                      FPU round (RNE; this file must not be built with -ffast-math or FTZ/DAZ);
+//   overflow:          judged on the rounded code (code > max finite code), i.e. after rounding
+//                      with an unbounded exponent as IEEE 754 / OCP require.
+// Decoding uses tables built once from the obviously-correct formula in decode().
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -19,61 +26,55 @@ struct MiniFloat {
   int bias;
   bool ieee_specials;     // top exponent field reserved for inf (mantissa 0) and NaN (FP16, E5M2)
   bool has_nan;           // false only for E2M1
-  double max_finite;
+  int max_exponent;       // unbiased exponent of the largest finite value
   uint32_t max_code;      // positive largest finite magnitude
   uint32_t nan_code;      // positive canonical NaN (sign is OR-ed in)
   uint32_t inf_code;      // positive infinity (ieee_specials only)
 };
 
-constexpr MiniFloat kFp16{5, 10, 15, true, true, 65504.0, 0x7BFF, 0x7E00, 0x7C00};
-constexpr MiniFloat kE4M3{4, 3, 7, false, true, 448.0, 0x7E, 0x7F, 0};
-constexpr MiniFloat kE5M2{5, 2, 15, true, true, 57344.0, 0x7B, 0x7F, 0x7C};
-constexpr MiniFloat kE2M1{2, 1, 1, false, false, 6.0, 0x7, 0, 0};
+constexpr MiniFloat kFp16{5, 10, 15, true, true, 15, 0x7BFF, 0x7E00, 0x7C00};
+constexpr MiniFloat kE4M3{4, 3, 7, false, true, 8, 0x7E, 0x7F, 0};
+constexpr MiniFloat kE5M2{5, 2, 15, true, true, 15, 0x7B, 0x7F, 0x7C};
+constexpr MiniFloat kE2M1{2, 1, 1, false, false, 2, 0x7, 0, 0};
 
-double round_half_to_even(double q) {
-  const double lower = std::floor(q);
-  const double fraction = q - lower;  // exact: q < 2^12 here
-  if (fraction > 0.5) return lower + 1.0;
-  if (fraction < 0.5) return lower;
-  return std::fmod(lower, 2.0) == 0.0 ? lower : lower + 1.0;
+uint32_t f32_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return bits;
 }
 
-// floor(log2(a)) for finite a > 0.
-int floor_log2(double a) {
-  int exponent = 0;
-  std::frexp(a, &exponent);  // a = f * 2^exponent, f in [0.5, 1)
-  return exponent - 1;
+float f32_from_bits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
 }
 
 uint32_t encode(const MiniFloat& fmt, float value, Overflow overflow) {
-  const uint32_t sign = std::signbit(value) ? (1u << (fmt.exponent_bits + fmt.mantissa_bits)) : 0u;
-  if (std::isnan(value)) return fmt.has_nan ? (sign | fmt.nan_code) : fmt.max_code;  // E2M1: NaN -> +6
+  const uint32_t bits = f32_bits(value);
+  const uint32_t sign = (bits >> 31) << (fmt.exponent_bits + fmt.mantissa_bits);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return fmt.has_nan ? (sign | fmt.nan_code) : fmt.max_code;  // NaN (E2M1: +6)
   const bool saturate = overflow == Overflow::kSaturate || !fmt.has_nan;
-  auto overflowed = [&]() -> uint32_t {
-    if (saturate) return sign | fmt.max_code;
-    return sign | (fmt.ieee_specials ? fmt.inf_code : fmt.nan_code);
-  };
-  if (std::isinf(value)) return overflowed();
-  const double magnitude = std::fabs(static_cast<double>(value));
-  if (magnitude == 0.0) return sign;
+  const uint32_t overflowed = saturate ? (sign | fmt.max_code) : (sign | (fmt.ieee_specials ? fmt.inf_code : fmt.nan_code));
+  // |x| >= 2^(max_exponent + 1) (this includes inf) overflows whatever the rounding.
+  if (magnitude >= static_cast<uint32_t>(fmt.max_exponent + 1 + 127) << 23) return overflowed;
 
   const int min_normal_exponent = 1 - fmt.bias;
-  const int exponent = std::max(floor_log2(magnitude), min_normal_exponent);
-  const double quantum = std::ldexp(1.0, exponent - fmt.mantissa_bits);
-  const double rounded = round_half_to_even(magnitude / quantum) * quantum;
-  // Overflow is judged after rounding with an unbounded exponent (IEEE 754 / OCP rule): e.g. E4M3
-  // 464 is the midpoint of 448 and (unrepresentable) 480 and rounds to even 448; 464.1 overflows.
-  if (rounded > fmt.max_finite) return overflowed();
-  if (rounded == 0.0) return sign;
-
-  const int rounded_exponent = floor_log2(rounded);
-  if (rounded_exponent < min_normal_exponent) {  // subnormal: exponent field 0
-    return sign | static_cast<uint32_t>(rounded / std::ldexp(1.0, min_normal_exponent - fmt.mantissa_bits));
+  const int dropped_bits = 23 - fmt.mantissa_bits;
+  uint32_t code;
+  if (magnitude < static_cast<uint32_t>(min_normal_exponent + 127) << 23) {
+    // Subnormal (or zero) result: 2^(min_normal_exponent + dropped_bits) has an ulp equal to the
+    // target's subnormal quantum, so the FPU's RNE addition does the rounding; the difference of the
+    // bit patterns is the code (2^mantissa_bits when it rounds up to the smallest normal: correct).
+    const uint32_t magic_bits = static_cast<uint32_t>(min_normal_exponent + dropped_bits + 127) << 23;
+    code = f32_bits(f32_from_bits(magnitude) + f32_from_bits(magic_bits)) - magic_bits;
+  } else {
+    const uint32_t lowest_kept_bit = (magnitude >> dropped_bits) & 1u;
+    const uint32_t rebiased = magnitude - (static_cast<uint32_t>(127 - fmt.bias) << 23);
+    code = (rebiased + (1u << (dropped_bits - 1)) - 1u + lowest_kept_bit) >> dropped_bits;
   }
-  const uint32_t mantissa = static_cast<uint32_t>(rounded / std::ldexp(1.0, rounded_exponent - fmt.mantissa_bits)) -
-                            (1u << fmt.mantissa_bits);
-  const uint32_t exponent_field = static_cast<uint32_t>(rounded_exponent + fmt.bias);
-  return sign | (exponent_field << fmt.mantissa_bits) | mantissa;
+  if (code > fmt.max_code) return overflowed;
+  return sign | code;
 }
 
 float decode(const MiniFloat& fmt, uint32_t bits) {
@@ -96,10 +97,11 @@ float decode(const MiniFloat& fmt, uint32_t bits) {
   return static_cast<float>(negative ? -magnitude : magnitude);
 }
 
-uint32_t f32_bits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
+template <size_t N>
+std::array<float, N> decode_table(const MiniFloat& fmt) {
+  std::array<float, N> table{};
+  for (uint32_t bits = 0; bits < N; ++bits) table[bits] = decode(fmt, bits);
+  return table;
 }
 
 }  // namespace
@@ -121,23 +123,38 @@ float bf16_to_f32(uint16_t bits) {
 }
 
 uint16_t f32_to_f16(float value) { return static_cast<uint16_t>(encode(kFp16, value, Overflow::kNaN)); }
-float f16_to_f32(uint16_t bits) { return decode(kFp16, bits); }
+float f16_to_f32(uint16_t bits) {
+  static const std::array<float, 65536> table = decode_table<65536>(kFp16);
+  return table[bits];
+}
 
 uint8_t f32_to_e4m3(float value, Overflow overflow) { return static_cast<uint8_t>(encode(kE4M3, value, overflow)); }
-float e4m3_to_f32(uint8_t bits) { return decode(kE4M3, bits); }
+float e4m3_to_f32(uint8_t bits) {
+  static const std::array<float, 256> table = decode_table<256>(kE4M3);
+  return table[bits];
+}
 
 uint8_t f32_to_e5m2(float value, Overflow overflow) { return static_cast<uint8_t>(encode(kE5M2, value, overflow)); }
-float e5m2_to_f32(uint8_t bits) { return decode(kE5M2, bits); }
+float e5m2_to_f32(uint8_t bits) {
+  static const std::array<float, 256> table = decode_table<256>(kE5M2);
+  return table[bits];
+}
 
 uint8_t f32_to_e2m1(float value) { return static_cast<uint8_t>(encode(kE2M1, value, Overflow::kSaturate)); }
 float e2m1_to_f32(uint8_t code) {
   MEGAMOE_CHECK(code < 16, "E2M1 code ", static_cast<int>(code), " must be < 16");
-  return decode(kE2M1, code);
+  static const std::array<float, 16> table = decode_table<16>(kE2M1);
+  return table[code];
 }
 
 float ue8m0_to_f32(uint8_t bits) {
-  if (bits == 0xFF) return NAN;
-  return std::ldexp(1.0f, static_cast<int>(bits) - 127);  // bits 0 -> 2^-127 (an FP32 subnormal, exact)
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int b = 0; b < 255; ++b) t[b] = std::ldexp(1.0f, b - 127);  // b = 0 -> 2^-127, an exact FP32 subnormal
+    t[255] = NAN;
+    return t;
+  }();
+  return table[bits];
 }
 
 uint8_t f32_to_ue8m0_ceil(float value) {
