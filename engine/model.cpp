@@ -334,7 +334,10 @@ class CpuModelRunner final : public ModelRunner {
     inputs.logits = router_logits.data();
     inputs.num_tokens = T;
     route_reference(config_.router, inputs, topk_ids.data(), topk_weights.data());
-    for (int64_t begin = 0; begin < T || (T == 0 && begin == 0); begin += options_.max_tokens_per_step) {
+    // At least one call, even with T = 0: forward() is collective across the EP group.
+    const int64_t pieces = std::max<int64_t>(1, (T + options_.max_tokens_per_step - 1) / options_.max_tokens_per_step);
+    for (int64_t piece = 0; piece < pieces; ++piece) {
+      const int64_t begin = piece * options_.max_tokens_per_step;
       const int64_t count = std::min<int64_t>(options_.max_tokens_per_step, T - begin);
       MoeInputs moe_inputs;
       moe_inputs.hidden = TensorView::make2d(x + begin * H, DType::kF32, count, H, Device::kCpu);
@@ -344,7 +347,6 @@ class CpuModelRunner final : public ModelRunner {
       MoeOutputs moe_outputs;
       moe_outputs.out = TensorView::make2d(out + begin * H, DType::kF32, count, H, Device::kCpu);
       backend.forward(moe_inputs, moe_outputs, nullptr);
-      if (T == 0) break;
     }
   }
 
