@@ -101,6 +101,7 @@ struct GroupedGemm2Fp8Args {
   uint16_t* out = nullptr;              // [m_capacity, hidden] BF16 bit patterns
   int64_t m_capacity = 0;
   int num_experts = 0, hidden = 0, intermediate = 0;
+  int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
 };
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream);
 
@@ -116,6 +117,7 @@ struct GroupedGemmFp8Args {
   uint16_t* out = nullptr;              // [m_capacity, n] BF16
   int64_t m_capacity = 0;
   int num_experts = 0, n = 0, k = 0;
+  int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
 };
 void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t stream);
 
