@@ -243,6 +243,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.num_experts = static_cast<int>(E);
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
+          args.rows_per_expert_hint = rows;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
         } else {
           kernels::GroupedGemm2Fp8Args args;

@@ -15,8 +15,16 @@ step() {
   else summary+=("$name|FAIL|$(( $(date +%s) - t0 ))s"); tail -60 "$out/$name.log"; fi
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | head -1
+# The GPU machine lacks the pcre2 / cpp-httplib dev packages that CMakeLists.txt requires (only the
+# engine/server use them, none of the targets built here): satisfy the lookups without them.
+extra=()
+if ! pkg-config --exists libpcre2-8 2>/dev/null; then
+  mkdir -p /tmp/gemm-pc && printf 'Name: libpcre2-8\nDescription: stub\nVersion: 10.42\nLibs: -l:libpcre2-8.so.0\nCflags:\n' >/tmp/gemm-pc/libpcre2-8.pc
+  export PKG_CONFIG_PATH=/tmp/gemm-pc:${PKG_CONFIG_PATH:-}
+fi
+[ -f /usr/include/httplib.h ] || extra+=(-DHTTPLIB_INCLUDE_DIR=/tmp/gemm-pc)
 gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
-step configure cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT"
+step configure cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" "${extra[@]}"
 step build cmake --build "$build" -j "$(nproc)" --target megamoe_tests_gpu megamoe_cli
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   step test_gpu timeout 240 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120 -V

@@ -40,14 +40,15 @@ int multiprocessor_count() {
   return count;
 }
 
-template <int kWarpgroupsM, int kStages, Epilogue kEpilogue>
+template <sm90::TileConfig kTile, Epilogue kEpilogue>
 void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& params, cudaStream_t stream) {
-  using Layout = sm90::GroupedGemmLayout<kWarpgroupsM, kStages, kEpilogue>;
+  using Layout = sm90::GroupedGemmLayout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
   const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map =
       make_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_fp8_grouped_gemm_kernel<kWarpgroupsM, kStages, kEpilogue>;
+  auto* kernel =
+      &sm90::sm90_fp8_grouped_gemm_kernel<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   kernel<<<multiprocessor_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
   MEGAMOE_LAUNCH_CHECK();
@@ -82,10 +83,12 @@ void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weight
   params.n = n;
   params.k = k;
   const sm90::TileConfig tile = sm90::choose_plain_tile(rows_hint);
-  if (tile.warpgroups_m == 2 || n % 256 != 0)
-    launch<sm90::kSplitM.warpgroups_m, sm90::kSplitM.stages, Epilogue::kStoreBf16>(a, weights, params, stream);
+  if (tile.warpgroups_m == 1 && n % 256 == 0)
+    launch<sm90::kSplitNSmall, Epilogue::kStoreBf16>(a, weights, params, stream);
+  else if (tile.sub_tiles_m == 1)
+    launch<sm90::kSplitMSmall, Epilogue::kStoreBf16>(a, weights, params, stream);
   else
-    launch<sm90::kSplitN.warpgroups_m, sm90::kSplitN.stages, Epilogue::kStoreBf16>(a, weights, params, stream);
+    launch<sm90::kSplitMLarge, Epilogue::kStoreBf16>(a, weights, params, stream);
 }
 
 }  // namespace
@@ -142,8 +145,10 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   params.activation = clamped ? 1 : 0;
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
-  launch<sm90::kSplitN.warpgroups_m, sm90::kSplitN.stages, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params,
-                                                                                       stream);
+  if (sm90::choose_gate_up_tile(args.rows_per_expert_hint).sub_tiles_m == 1)
+    launch<sm90::kSplitNSmall, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
+  else
+    launch<sm90::kSplitNLarge, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
 }
 
 }  // namespace megamoe::kernels

@@ -88,6 +88,7 @@ struct GroupedGemm1Fp8Args {
   int64_t m_capacity = 0;
   int num_experts = 0, hidden = 0, intermediate = 0;
   Activation activation{};
+  int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
 };
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream);
 

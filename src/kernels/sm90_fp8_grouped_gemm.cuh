@@ -48,13 +48,16 @@ struct GroupedGemmParams {
   float limit = 0.f, alpha = 0.f;
 };
 
-template <int kWarpgroupsM, int kStages, Epilogue kEpilogue>
+// kWarpgroupsM: 2 = the math warpgroups split the tile's rows (split-M), 1 = its columns (split-N).
+// kSubTilesM: 64-row sub-tiles per math warpgroup (each a separate 64 x 128 wgmma accumulator set).
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue>
 struct GroupedGemmLayout {
-  static constexpr int kBlockM = 64 * kWarpgroupsM;
+  static constexpr int kRowsPerWarpgroup = 64 * kSubTilesM;
+  static constexpr int kBlockM = kRowsPerWarpgroup * kWarpgroupsM;
   static constexpr int kBlockN = 128 * (kMathWarpgroups / kWarpgroupsM);
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
-  static constexpr int kExchangeBytes = kEpilogue == Epilogue::kSwigluQuantFp8 ? 64 * 128 * 4 : 0;
+  static constexpr int kExchangeBytes = kEpilogue == Epilogue::kSwigluQuantFp8 ? kRowsPerWarpgroup * 128 * 4 : 0;
   static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
   static constexpr int kBarrierOffset = kTilesBytes + kExchangeBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
@@ -69,11 +72,11 @@ __device__ __forceinline__ float activate(float gate, float up, int kind, float 
   return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
 }
 
-template <int kWarpgroupsM, int kStages, Epilogue kEpilogue>
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                  const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
-  using Layout = GroupedGemmLayout<kWarpgroupsM, kStages, kEpilogue>;
+  using Layout = GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue>;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kEpilogue != Epilogue::kSwigluQuantFp8 || kWarpgroupsM == 1, "SwiGLU epilogue needs split-N");
 
@@ -152,130 +155,143 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   registers_increase<kMathRegisters>();
   const int math_wg = warpgroup - 1;
-  const int wg_m = kWarpgroupsM == 2 ? math_wg : 0;  // which 64-row half of the tile
+  const int wg_m = kWarpgroupsM == 2 ? math_wg : 0;  // which row block of the tile
   const int wg_n = kWarpgroupsM == 2 ? 0 : math_wg;  // which 128-column half of the tile
   const int thread_in_wg = threadIdx.x % 128;
-  const int row_in_tile = wg_m * 64 + (thread_in_wg / 32) * 16 + lane / 4;  // and row_in_tile + 8
+  // Row of accumulator registers 4j+{0,1} of sub-tile s: row_in_tile + 64 s; registers 4j+{2,3}: + 8.
+  const int row_in_tile = wg_m * Layout::kRowsPerWarpgroup + (thread_in_wg / 32) * 16 + lane / 4;
   const int n_blocks = params.n / 128;
 
   int stage = 0;
   uint32_t phase = 0;
   int expert = 0;
-  float accumulator[64];
+  float accumulator[kSubTilesM][64];
   float partial[64];
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const int m_tile = tile / n_tiles, n_tile = tile % n_tiles;
     while (tile_prefix[expert + 1] <= m_tile) ++expert;
     const int m0 = row_begin[expert] + (m_tile - tile_prefix[expert]) * kBlockM;
     const int m_end = row_end[expert];
-    const int row0 = m0 + row_in_tile, row1 = row0 + 8;
-    const bool valid0 = row0 < m_end, valid1 = row1 < m_end;
-    const float* a_scales0 = params.a_scales + static_cast<int64_t>(valid0 ? row0 : 0) * k_blocks;
-    const float* a_scales1 = params.a_scales + static_cast<int64_t>(valid1 ? row1 : 0) * k_blocks;
+    int rows[kSubTilesM][2];
+    bool valid[kSubTilesM][2];
+    const float* a_scales[kSubTilesM][2];
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        rows[s][h] = m0 + row_in_tile + 64 * s + 8 * h;
+        valid[s][h] = rows[s][h] < m_end;
+        a_scales[s][h] = params.a_scales + static_cast<int64_t>(valid[s][h] ? rows[s][h] : 0) * k_blocks;
+      }
     const int n_block = (n_tile * kBlockN) / 128 + wg_n;
     const float* b_scales = params.b_scales + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
 
 #pragma unroll
-    for (int i = 0; i < 64; ++i) accumulator[i] = 0.0f;
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
 
     for (int kb = 0; kb < k_blocks; ++kb) {
       // Scale loads go out before the wait so their latency hides behind the TMA and the wgmma.
-      const float scale_a0 = valid0 ? __ldg(a_scales0 + kb) : 0.0f;
-      const float scale_a1 = valid1 ? __ldg(a_scales1 + kb) : 0.0f;
+      float scale_a[kSubTilesM][2];
+#pragma unroll
+      for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h] + kb) : 0.0f;
       const float scale_b = __ldg(b_scales + kb);
       barrier_wait(&full[stage], phase);
-      const uint32_t a_base = smem_address(a_tiles + stage * Layout::kABytes + wg_m * 64 * kBlockK);
       const uint32_t b_base = smem_address(b_tiles + stage * Layout::kBBytes + wg_n * 128 * kBlockK);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      wgmma_fence();
+      for (int s = 0; s < kSubTilesM; ++s) {
+        const uint32_t a_base = smem_address(a_tiles + stage * Layout::kABytes +
+                                             (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
 #pragma unroll
-      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
-                              make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
-      wgmma_commit();
-      wgmma_wait<0>();
+        for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+        wgmma_fence();
 #pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      if (lane == 0) barrier_arrive(&empty[stage]);
-      if (++stage == kStages) stage = 0, phase ^= 1;
-
-      const float scale0 = scale_a0 * scale_b, scale1 = scale_a1 * scale_b;
+        for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+          wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
+                                make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+        wgmma_commit();
+        wgmma_wait<0>();
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
-        accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
-        accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
-        accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
+        for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+        if (s == kSubTilesM - 1) {
+          if (lane == 0) barrier_arrive(&empty[stage]);
+          if (++stage == kStages) stage = 0, phase ^= 1;
+        }
+        const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
+          accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
+          accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
+          accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+        }
       }
     }
 
-    // Accumulator fragment of wgmma m64n128: register 4j+{0,1} = (row_in_tile, 8j + 2*(lane%4) + {0,1}),
-    // register 4j+{2,3} = (row_in_tile + 8, same columns).
+    // Accumulator fragment of wgmma m64n128: register 4j+{0,1} = (row, 8j + 2*(lane%4) + {0,1}),
+    // register 4j+{2,3} = (row + 8, same columns).
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
       auto* out = static_cast<__nv_bfloat16*>(params.out);
       const int col_base = n_tile * kBlockN + wg_n * 128 + 2 * (lane % 4);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = col_base + 8 * j;
-        if (valid0)
-          *reinterpret_cast<__nv_bfloat162*>(out + static_cast<int64_t>(row0) * params.n + col) =
-              __floats2bfloat162_rn(accumulator[4 * j], accumulator[4 * j + 1]);
-        if (valid1)
-          *reinterpret_cast<__nv_bfloat162*>(out + static_cast<int64_t>(row1) * params.n + col) =
-              __floats2bfloat162_rn(accumulator[4 * j + 2], accumulator[4 * j + 3]);
-      }
+      for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (!valid[s][h]) continue;
+          __nv_bfloat16* out_row = out + static_cast<int64_t>(rows[s][h]) * params.n + col_base;
+#pragma unroll
+          for (int j = 0; j < 16; ++j)
+            *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j) =
+                __floats2bfloat162_rn(accumulator[s][4 * j + 2 * h], accumulator[s][4 * j + 2 * h + 1]);
+        }
     } else {
       // Gate warpgroup hands its accumulators to the up warpgroup through shared memory, in register
       // order, so both see identical (row, column) per slot; the up warpgroup finishes the tile.
       if (math_wg == 0) {
 #pragma unroll
-        for (int i = 0; i < 64; ++i) exchange[i * 128 + thread_in_wg] = accumulator[i];
+        for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+          for (int i = 0; i < 64; ++i) exchange[(s * 64 + i) * 128 + thread_in_wg] = accumulator[s][i];
       }
       named_barrier_sync(1, 256);
       if (math_wg == 1) {
-        const float weight0 = params.topk_weights && valid0 ? params.topk_weights[row0] : 1.0f;
-        const float weight1 = params.topk_weights && valid1 ? params.topk_weights[row1] : 1.0f;
-        float amax0 = 0.0f, amax1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 64; ++i) {
-          float h = activate(exchange[i * 128 + thread_in_wg], accumulator[i], params.activation, params.limit,
-                             params.alpha);
-          const bool first_row = (i % 4) < 2;
-          h *= first_row ? weight0 : weight1;
-          accumulator[i] = h;
-          if (first_row) amax0 = fmaxf(amax0, fabsf(h));
-          else amax1 = fmaxf(amax1, fabsf(h));
-        }
-#pragma unroll
-        for (int mask = 1; mask <= 2; mask *= 2) {
-          amax0 = fmaxf(amax0, __shfl_xor_sync(0xffffffffu, amax0, mask));
-          amax1 = fmaxf(amax1, __shfl_xor_sync(0xffffffffu, amax1, mask));
-        }
-        // Same rule as formats::quantize_fp8_activations (IEEE divisions, RNE, saturating).
-        const float scale0 = __fdiv_rn(fmaxf(amax0, 1e-10f), 448.0f);
-        const float scale1 = __fdiv_rn(fmaxf(amax1, 1e-10f), 448.0f);
         const int out_cols = params.n / 2;
         auto* out = static_cast<uint8_t*>(params.out);
         const int col_base = n_tile * 128 + 2 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const int col = col_base + 8 * j;
-          if (valid0) {
-            const float2 pair = make_float2(__fdiv_rn(accumulator[4 * j], scale0), __fdiv_rn(accumulator[4 * j + 1], scale0));
-            *reinterpret_cast<__nv_fp8x2_storage_t*>(out + static_cast<int64_t>(row0) * out_cols + col) =
-                __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+        for (int s = 0; s < kSubTilesM; ++s) {
+          float weight[2], amax[2] = {0.0f, 0.0f};
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            weight[h] = params.topk_weights && valid[s][h] ? params.topk_weights[rows[s][h]] : 1.0f;
+#pragma unroll
+          for (int i = 0; i < 64; ++i) {
+            const int h = (i % 4) / 2;
+            const float value = activate(exchange[(s * 64 + i) * 128 + thread_in_wg], accumulator[s][i],
+                                         params.activation, params.limit, params.alpha) * weight[h];
+            accumulator[s][i] = value;
+            amax[h] = fmaxf(amax[h], fabsf(value));
           }
-          if (valid1) {
-            const float2 pair = make_float2(__fdiv_rn(accumulator[4 * j + 2], scale1), __fdiv_rn(accumulator[4 * j + 3], scale1));
-            *reinterpret_cast<__nv_fp8x2_storage_t*>(out + static_cast<int64_t>(row1) * out_cols + col) =
-                __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+            if (!valid[s][h]) continue;
+            // Same rule as formats::quantize_fp8_activations (IEEE divisions, RNE, saturating).
+            const float scale = __fdiv_rn(fmaxf(amax[h], 1e-10f), 448.0f);
+            uint8_t* out_row = out + static_cast<int64_t>(rows[s][h]) * out_cols + col_base;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              const float2 pair = make_float2(__fdiv_rn(accumulator[s][4 * j + 2 * h], scale),
+                                              __fdiv_rn(accumulator[s][4 * j + 2 * h + 1], scale));
+              *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * j) =
+                  __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+            }
+            if (lane % 4 == 0) params.out_scales[static_cast<int64_t>(rows[s][h]) * (out_cols / 128) + n_tile] = scale;
           }
-        }
-        if (lane % 4 == 0) {
-          const int scale_cols = out_cols / 128;
-          if (valid0) params.out_scales[static_cast<int64_t>(row0) * scale_cols + n_tile] = scale0;
-          if (valid1) params.out_scales[static_cast<int64_t>(row1) * scale_cols + n_tile] = scale1;
         }
       }
       named_barrier_sync(1, 256);  // the exchange buffer is free for the next tile
