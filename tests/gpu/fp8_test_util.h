@@ -23,7 +23,8 @@ inline float e4m3_decode(uint8_t bits) {
   return sign ? -magnitude : magnitude;
 }
 
-// Round to nearest E4M3, ties to the even code, saturating at 448 (codes 0x00..0x7E are increasing).
+// Round to nearest E4M3, ties to the even code, saturating at 448 (codes 0x00..0x7E are increasing);
+// the sign is kept, so a negative value that rounds to zero gives -0 (0x80) like the hardware cvt.
 inline uint8_t e4m3_encode(double value) {
   const double magnitude = std::min(std::fabs(value), 448.0);
   int low = 0, high = 0x7E;
@@ -37,7 +38,7 @@ inline uint8_t e4m3_encode(double value) {
     const double below = e4m3_decode(static_cast<uint8_t>(low)), above = e4m3_decode(static_cast<uint8_t>(low + 1));
     if (magnitude - below > above - magnitude || (magnitude - below == above - magnitude && (low & 1))) code = low + 1;
   }
-  return static_cast<uint8_t>(code | (value < 0 && code != 0 ? 0x80 : 0));
+  return static_cast<uint8_t>(code | (std::signbit(value) ? 0x80 : 0));  // -0 for negatives rounding to 0, as cvt.rn
 }
 
 inline uint16_t bf16_round(float value) {  // RNE, finite inputs
