@@ -145,7 +145,9 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   params.activation = clamped ? 1 : 0;
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
-  if (sm90::choose_gate_up_tile(args.rows_per_expert_hint).sub_tiles_m == 1)
+  const sm90::TileConfig tile =
+      sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n, multiprocessor_count());
+  if (tile.sub_tiles_m == 1)
     launch<sm90::kSplitNSmall, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
   else
     launch<sm90::kSplitNLarge, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
