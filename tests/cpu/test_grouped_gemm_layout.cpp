@@ -1,10 +1,13 @@
 // The host-side weight-layout transform of the grouped GEMMs (src/kernels/grouped_gemm.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 
+#include "common/fp8_codec.h"
 #include "kernels/grouped_gemm.h"
+#include "megamoe/formats.h"
 #include "megamoe/error.h"
 
 namespace megamoe {
@@ -79,6 +82,34 @@ TEST(GroupedGemmLayout, RejectsBadMatrices) {
   auto ragged = random_fp8_matrix(256, 256, 9);
   ragged.cols = 200;
   expect_error(ragged, kernels::GemmRole::kDown, "weight cols = 200");
+}
+
+// The GPU tests judge the kernels with their own E4M3/BF16 codec; it must agree with formats.h.
+TEST(GroupedGemmTestCodec, AgreesWithFormats) {
+  for (int code = 0; code < 256; ++code) {
+    const float mine = testing::e4m3_decode(static_cast<uint8_t>(code));
+    const float theirs = formats::e4m3_to_f32(static_cast<uint8_t>(code));
+    if (std::isnan(theirs)) {
+      EXPECT_TRUE(std::isnan(mine)) << "code " << code;
+    } else {
+      EXPECT_EQ(mine, theirs) << "code " << code;
+      EXPECT_EQ(std::signbit(mine), std::signbit(theirs)) << "code " << code;
+    }
+  }
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> uniform(-500.0f, 500.0f);
+  std::uniform_int_distribution<int> exponent(-14, 9);
+  for (int i = 0; i < 200000; ++i) {
+    float value = uniform(rng);
+    if (i % 2) value = std::ldexp(value / 500.0f, exponent(rng));
+    if (i % 7 == 0) {  // exact midpoints between neighbouring codes: ties to even
+      const int code = static_cast<int>(rng() % 0x7E);
+      value = 0.5f * (formats::e4m3_to_f32(static_cast<uint8_t>(code)) + formats::e4m3_to_f32(static_cast<uint8_t>(code + 1)));
+      if (rng() & 1) value = -value;
+    }
+    ASSERT_EQ(testing::e4m3_encode(value), formats::f32_to_e4m3(value)) << "value " << value;
+    ASSERT_EQ(testing::bf16_round(value), formats::f32_to_bf16(value)) << "value " << value;
+  }
 }
 
 }  // namespace
