@@ -66,23 +66,23 @@ struct Inputs {
       std::memcpy(&bits, &f, 4);
       v = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
     }
-    std::vector<int32_t> ids(static_cast<size_t>(o.tokens) * o.top_k);
-    std::vector<float> w(ids.size());
+    std::vector<int32_t> topk(static_cast<size_t>(o.tokens) * o.top_k);
+    std::vector<float> w(topk.size());
     for (int t = 0; t < o.tokens; ++t) {
       std::vector<int> perm(o.experts);
       for (int e = 0; e < o.experts; ++e) perm[e] = e;
       for (int j = 0; j < o.top_k; ++j) {
         std::swap(perm[j], perm[j + rng() % (o.experts - j)]);
-        ids[static_cast<size_t>(t) * o.top_k + j] = perm[j];
+        topk[static_cast<size_t>(t) * o.top_k + j] = perm[j];
         w[static_cast<size_t>(t) * o.top_k + j] = 0.1f + 0.9f * (rng() % 1000) / 1000.0f;
       }
     }
     MEGAMOE_CUDA_CHECK(cudaMalloc(&hidden, h.size() * 2));
     MEGAMOE_CUDA_CHECK(cudaMalloc(&out, h.size() * 2));
-    MEGAMOE_CUDA_CHECK(cudaMalloc(&ids, ids.size() * 4));
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&ids, topk.size() * 4));
     MEGAMOE_CUDA_CHECK(cudaMalloc(&weights, w.size() * 4));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(hidden, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(ids, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(weights, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
   }
   ~Inputs() { cudaFree(hidden); cudaFree(out); cudaFree(ids); cudaFree(weights); }
