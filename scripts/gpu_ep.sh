@@ -7,6 +7,11 @@ OUT=${OUT:-/tmp/out-ep}
 mkdir -p "$OUT"
 B=${BUILD_DIR:-/tmp/build-ep}
 # NOTES: headers and library must be the same NCCL (mismatch segfaulted); nccl_env.sh picks one.
+wheel=$(python3 -c "import nvidia.nccl,os;print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || true)
+[ -n "$wheel" ] || wheel=$(dirname "$(dirname "$(find / -path '*nvidia/nccl/lib/libnccl.so.2' 2>/dev/null | head -1)")" 2>/dev/null)
+echo "NCCL wheel: '$wheel'"; ls "$wheel" "$wheel/lib" "$wheel/include" 2>&1 | head -12
+# Prebuilt binaries were compiled against NCCL 2.28.9 headers: they need the wheel's 2.28.9 library.
+if [ -n "${PREBUILT:-}" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then export MEGAMOE_NCCL_ROOT=$wheel; fi
 source scripts/nccl_env.sh
 NCCL_DIR=$MEGAMOE_NCCL_ROOT
 ls "$NCCL_DIR/include" | head; ls "$NCCL_DIR/include/nccl_device" >/dev/null 2>&1 || echo "WARNING: no nccl_device/ in $NCCL_DIR/include"

@@ -39,7 +39,7 @@ inline constexpr int kMaxEpRanks = 8;
 // One symmetric allocation: `bytes` at the same offset in every rank's window.
 struct SymmetricBuffer {
   void* local = nullptr;                   // this rank's copy (device pointer)
-  std::array<void*, kMaxEpRanks> peers{};  // peers[r]: rank r's copy, mapped into this GPU (peers[rank] == local)
+  std::array<void*, kMaxEpRanks> peers{};  // peers[r]: rank r's copy, mapped here (peers[rank] aliases local)
   size_t bytes = 0;
   void* window = nullptr;                  // ncclWindow_t
 };

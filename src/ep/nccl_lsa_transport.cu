@@ -69,7 +69,10 @@ class NcclLsaTransport final : public EpTransport {
                                        cudaMemcpyDeviceToHost, stream));
     MEGAMOE_CUDA_CHECK(cudaFreeAsync(resolved, stream));
     MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    MEGAMOE_CHECK(buffer.peers[rank_] == buffer.local, "ncclGetLsaPointer(self) != local window base");
+    // NOTES: peers[] are NCCL's flat LSA mappings; peers[rank] aliases `local` (same physical memory,
+    // different virtual address), so kernels may use either.
+    for (int r = 0; r < size_; ++r)
+      MEGAMOE_CHECK(buffer.peers[r] != nullptr, "ncclGetLsaPointer returned null for rank ", r);
     buffers_.push_back(buffer);
     return buffer;
   }
