@@ -84,6 +84,7 @@ struct Inputs {
     MEGAMOE_CUDA_CHECK(cudaMemcpy(hidden, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(ids, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(weights, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~Inputs() { cudaFree(hidden); cudaFree(out); cudaFree(ids); cudaFree(weights); }
 };
@@ -108,6 +109,7 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
     const size_t y_bytes = static_cast<size_t>(io.received().max_rows) * o.hidden * 2;
     MEGAMOE_CUDA_CHECK(cudaMalloc(&y, y_bytes));
     MEGAMOE_CUDA_CHECK(cudaMemset(y, 0x3C, y_bytes));  // bf16 0x3C3C ~ 0.0115, not zero
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> dispatch_us, combine_us;
     for (int it = 0; it < o.iters + 3; ++it) {
       group->barrier(stream);

@@ -118,6 +118,12 @@ std::unique_ptr<EpGroup::Impl> make_group_impl(ncclComm_t comm, int device, cons
   MEGAMOE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&impl->barrier_epoch), sizeof(uint64_t)));
   MEGAMOE_CUDA_CHECK(cudaMemset(impl->barrier_epoch, 0, sizeof(uint64_t)));
   impl->control = impl->transport->allocate(kControlWindowBytes, impl->setup_stream);
+  // NOTES: every rank must have zeroed its barrier inbox before any peer's first bounded barrier
+  // stores into it: one NCCL LSA barrier fences that (collective, at creation only).
+  impl->transport->transport_barrier(impl->setup_stream);
+  MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(impl->setup_stream));
+  // The memsets above ran on the legacy stream; user streams may be non-blocking.
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   return impl;
 }
 }  // namespace
@@ -176,7 +182,11 @@ bool EpGroup::failed() const { return impl_->failed; }
 
 SymmetricBuffer EpGroup::allocate(size_t bytes) {
   impl_->require_alive("allocate");
-  return impl_->transport->allocate(bytes, impl_->setup_stream);
+  SymmetricBuffer buffer = impl_->transport->allocate(bytes, impl_->setup_stream);
+  // NOTES: no peer may store into the new window before every rank has zeroed its copy.
+  barrier(impl_->setup_stream);
+  synchronize(impl_->setup_stream);
+  return buffer;
 }
 
 const void* EpGroup::device_comm() const {

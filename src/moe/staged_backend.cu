@@ -97,6 +97,9 @@ class StagedBackend final : public MoeBackend {
     copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_);
     copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_);
     loaded_[local_expert] = true;
+    // NOTES: cudaMemcpy from pageable memory may return before the DMA lands; forward() runs on a
+    // possibly non-blocking stream.
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void load_shared_expert(const ExpertWeights&) override {
     MEGAMOE_FAIL("backend staged: shared experts are not supported (Capabilities::supports_shared_expert = false)");

@@ -171,6 +171,8 @@ struct DeviceInputs {
     MEGAMOE_CUDA_CHECK(cudaMemcpy(hidden, in.hidden.data(), in.hidden.size() * 2, cudaMemcpyHostToDevice));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(ids, in.ids.data(), in.ids.size() * 4, cudaMemcpyHostToDevice));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(weights, in.weights.data(), in.weights.size() * 4, cudaMemcpyHostToDevice));
+    // Pageable cudaMemcpy may return before the DMA lands; kernels run on non-blocking streams.
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~DeviceInputs() {
     cudaFree(hidden);
@@ -319,7 +321,7 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
     for (int c = 0; c < H; ++c) y[m * H + c] = bf16_bits(combine_probe(sources[m].rank, sources[m].token, sources[m].slot, c));
   void* y_dev = nullptr;
   MEGAMOE_CUDA_CHECK(cudaMalloc(&y_dev, y.size() * 2));
-  MEGAMOE_CUDA_CHECK(cudaMemcpy(y_dev, y.data(), y.size() * 2, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(y_dev, y.data(), y.size() * 2, cudaMemcpyHostToDevice, stream));
   io.combine(y_dev, dev.out_view(), stream);
   group.synchronize(stream);
   cudaFree(y_dev);
