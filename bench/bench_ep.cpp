@@ -89,6 +89,44 @@ struct Inputs {
   ~Inputs() { cudaFree(hidden); cudaFree(out); cudaFree(ids); cudaFree(weights); }
 };
 
+void time_dispatch_combine(const BenchEpOptions& o, EpGroup& group, const TensorView& hidden, const TensorView& ids,
+                           const TensorView& weights, const TensorView& out, cudaStream_t stream, cudaEvent_t* ev,
+                           nlohmann::json& result) {
+    EpDispatcher io(group, EpDispatchConfig{o.hidden, o.top_k, o.experts, o.tokens, EpPayload::kFp8});
+    void* y = nullptr;
+    const size_t y_bytes = static_cast<size_t>(io.received().max_rows) * o.hidden * 2;
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&y, y_bytes));
+    MEGAMOE_CUDA_CHECK(cudaMemset(y, 0x3C, y_bytes));  // bf16 0x3C3C ~ 0.0115, not zero
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> dispatch_us, combine_us;
+    for (int it = 0; it < o.iters + 3; ++it) {
+      group.barrier(stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      io.dispatch(hidden, ids, weights, stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      io.combine(y, out, stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[2], stream));
+      group.synchronize(stream);
+      float a = 0, b = 0;
+      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
+      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&b, ev[1], ev[2]));
+      if (it >= 3) {
+        dispatch_us.push_back(a * 1000);
+        combine_us.push_back(b * 1000);
+      }
+    }
+    const auto traffic = io.last_remote_traffic(stream);
+    const float d = median(dispatch_us), c = median(combine_us);
+    result["dispatch_us"] = d;
+    result["combine_us"] = c;
+    result["dispatch_remote_bytes"] = traffic.dispatch_bytes;
+    result["combine_remote_bytes"] = traffic.combine_bytes;
+    result["dispatch_GBps"] = traffic.dispatch_bytes / (d * 1e3);
+    result["combine_GBps"] = traffic.combine_bytes / (c * 1e3);
+    cudaFree(y);
+    io.destroy();
+}
+
 int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
   auto group = EpGroup::bootstrap(lr.rank, lr.ranks, lr.rendezvous);
   cudaStream_t stream;
@@ -101,44 +139,10 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
   const auto out = TensorView::make2d(in.out, DType::kBF16, o.tokens, o.hidden, Device::kCuda);
   cudaEvent_t ev[3];
   for (auto& e : ev) MEGAMOE_CUDA_CHECK(cudaEventCreate(&e));
-  nlohmann::json result = {{"ranks", lr.ranks}, {"tokens_per_rank", o.tokens}, {"hidden", o.hidden},
+  nlohmann::json result = {{"ranks", lr.ranks}, {"staged", false}, {"tokens_per_rank", o.tokens}, {"hidden", o.hidden},
                            {"top_k", o.top_k}, {"experts", o.experts}};
-  if (!o.staged) {
-    EpDispatcher io(*group, EpDispatchConfig{o.hidden, o.top_k, o.experts, o.tokens, EpPayload::kFp8});
-    void* y = nullptr;
-    const size_t y_bytes = static_cast<size_t>(io.received().max_rows) * o.hidden * 2;
-    MEGAMOE_CUDA_CHECK(cudaMalloc(&y, y_bytes));
-    MEGAMOE_CUDA_CHECK(cudaMemset(y, 0x3C, y_bytes));  // bf16 0x3C3C ~ 0.0115, not zero
-    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> dispatch_us, combine_us;
-    for (int it = 0; it < o.iters + 3; ++it) {
-      group->barrier(stream);
-      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-      io.dispatch(hidden, ids, weights, stream);
-      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-      io.combine(y, out, stream);
-      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[2], stream));
-      group->synchronize(stream);
-      float a = 0, b = 0;
-      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
-      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&b, ev[1], ev[2]));
-      if (it >= 3) {
-        dispatch_us.push_back(a * 1000);
-        combine_us.push_back(b * 1000);
-      }
-    }
-    const auto traffic = io.last_remote_traffic(stream);
-    const float d = median(dispatch_us), c = median(combine_us);
-    result["mode"] = "dispatch_combine";
-    result["dispatch_us"] = d;
-    result["combine_us"] = c;
-    result["dispatch_remote_bytes"] = traffic.dispatch_bytes;
-    result["combine_remote_bytes"] = traffic.combine_bytes;
-    result["dispatch_GBps"] = traffic.dispatch_bytes / (d * 1e3);
-    result["combine_GBps"] = traffic.combine_bytes / (c * 1e3);
-    cudaFree(y);
-    io.destroy();
-  } else {
+  time_dispatch_combine(o, *group, hidden, ids, weights, out, stream, ev, result);
+  if (o.staged) {
     MoeConfig config;
     config.hidden = o.hidden;
     config.intermediate = o.intermediate;
@@ -183,28 +187,31 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
     }
     const float t = median(forward_us);
     const double flops = 2.0 * o.tokens * o.top_k * 3.0 * o.hidden * o.intermediate;
-    result["mode"] = "staged";
+    result["staged"] = true;
     result["format"] = o.format;
     result["preset"] = o.preset;
     result["intermediate"] = o.intermediate;
     result["forward_us"] = t;
     result["TFLOPs"] = flops / (t * 1e6);
-    result["expert_gemm"] = "TEMPORARY simt grouped GEMM";
+    result["expert_gemm"] = fp8 ? "sm90 wgmma grouped GEMM" : "TEMPORARY simt grouped GEMM";
+    result["gemm_and_rest_us"] = t - result["dispatch_us"].get<float>() - result["combine_us"].get<float>();
     backend->destroy();
   }
   group->destroy();
   cudaStreamDestroy(stream);
   if (lr.rank == 0) {
-    if (result["mode"] == "dispatch_combine") {
+    {
       std::printf("| mode | ranks | tokens/rank | H | k | E | dispatch us | dispatch GB/s | combine us | combine GB/s |\n");
       std::printf("| dispatch+combine | %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f |\n", lr.ranks, o.tokens,
                   o.hidden, o.top_k, o.experts, result["dispatch_us"].get<float>(), result["dispatch_GBps"].get<double>(),
                   result["combine_us"].get<float>(), result["combine_GBps"].get<double>());
-    } else {
-      std::printf("| mode | ranks | tokens/rank | H | I | E | k | format | forward us | TFLOP/s | expert GEMM |\n");
-      std::printf("| staged | %d | %d | %d | %d | %d | %d | %s | %.1f | %.2f | temporary SIMT |\n", lr.ranks, o.tokens,
+    }
+    if (o.staged) {
+      std::printf("| mode | ranks | tokens/rank | H | I | E | k | format | forward us | TFLOP/s | forward - dispatch - combine us | expert GEMM |\n");
+      std::printf("| staged | %d | %d | %d | %d | %d | %d | %s | %.1f | %.2f | %.1f | %s |\n", lr.ranks, o.tokens,
                   o.hidden, o.intermediate, o.experts, o.top_k, o.format.c_str(), result["forward_us"].get<float>(),
-                  result["TFLOPs"].get<double>());
+                  result["TFLOPs"].get<double>(), result["gemm_and_rest_us"].get<float>(),
+                  result["expert_gemm"].get<std::string>().c_str());
     }
     if (!o.json.empty()) std::ofstream(o.json) << result.dump(2) << "\n";
   }

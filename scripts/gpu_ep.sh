@@ -19,8 +19,9 @@ export NCCL_NVLS_ENABLE=0
 start=$(date +%s)
 # PREBUILT=<dir> with megamoe_tests_gpu, megamoe_tests_multigpu and megamoe built elsewhere against the
 # same NCCL version (checked at run time) saves the device-side build; otherwise build here.
-if [ -n "${PREBUILT:-}" ] && "$PREBUILT/megamoe_tests_gpu" --gtest_list_tests >/dev/null 2>&1; then
+if [ -n "${PREBUILT:-}" ] && LD_LIBRARY_PATH="$PREBUILT:$LD_LIBRARY_PATH" "$PREBUILT/megamoe_tests_gpu" --gtest_list_tests >/dev/null 2>&1; then
   TGPU="$PREBUILT/megamoe_tests_gpu"; TMULTI="$PREBUILT/megamoe_tests_multigpu"; CLI="$PREBUILT/megamoe"
+  export LD_LIBRARY_PATH="$(cd "$PREBUILT" && pwd):$LD_LIBRARY_PATH"  # libmegamoe.so
   echo "using prebuilt binaries from $PREBUILT"
 else
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
@@ -37,10 +38,13 @@ timeout 130 "$TMULTI" --gtest_filter='EpMulti.*' >"$OUT/multigpu_tests.log" 2>&1
 grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED) |Failure|rel_l2|error|Error" "$OUT/gpu_tests.log" | head -40
 grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED) |Failure|rel_l2|rror|Expected|Which is|actual" "$OUT/multigpu_tests.log" | head -70
 timeout 45 "$CLI" bench ep --ranks 2 --tokens 4096 --hidden 7168 --top-k 8 --experts 256 --iters 20 --json "$OUT/bench_dc_4096.json" >"$OUT/bench_dc.log" 2>&1; b1=$?
-timeout 30 "$CLI" bench ep --ranks 2 --tokens 128 --hidden 7168 --top-k 8 --experts 256 --iters 20 >"$OUT/bench_dc_128.log" 2>&1; b2=$?
-timeout 60 "$CLI" bench ep --ranks 2 --staged --preset qwen3-30b --format fp8 --tokens 512 --iters 5 --json "$OUT/bench_staged.json" >"$OUT/bench_staged.log" 2>&1; b3=$?
+timeout 40 "$CLI" bench layer --backend reference,staged --check --tokens 64 >"$OUT/bench_layer_tiny.log" 2>&1; b2=$?
+timeout 90 "$CLI" bench ep --ranks 2 --staged --preset dsv3 --format fp8 --tokens 8192 --iters 10 --json "$OUT/bench_staged_dsv3_8192.json" >"$OUT/bench_staged_8192.log" 2>&1; b3=$?
+timeout 150 "$CLI" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block --tokens 128,8192 --iters 10 --json "$OUT/bench_layer_dsv3.json" >"$OUT/bench_layer_dsv3.log" 2>&1; b4=$?
 echo "=================== EP summary ($(( $(date +%s) - start )) s) ==================="
 echo "gpu tests rc=$gpu_rc: $(grep -cE '^\[       OK' "$OUT/gpu_tests.log") ok, $(grep -cE '^\[  FAILED  \] Ep' "$OUT/gpu_tests.log") failed lines"
 echo "multigpu tests rc=$mg_rc: $(grep -cE '^\[       OK' "$OUT/multigpu_tests.log") ok lines (incl. ranks)"
-echo "bench rc: $b1 $b2 $b3"
-tail -3 "$OUT/bench_dc.log"; tail -2 "$OUT/bench_dc_128.log"; tail -3 "$OUT/bench_staged.log"
+echo "bench rc: $b1 $b2 $b3 $b4"
+tail -12 "$OUT/bench_layer_tiny.log"
+tail -12 "$OUT/bench_layer_dsv3.log"
+tail -4 "$OUT/bench_dc.log"; tail -4 "$OUT/bench_staged_8192.log"

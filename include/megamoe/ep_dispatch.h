@@ -58,6 +58,7 @@ struct ReceivedTokens {
   void* x = nullptr;                 // [max_rows, H] e4m3 (kFp8) or bf16 (kBf16)
   float* x_scales = nullptr;         // [max_rows, H/128] (kFp8 only)
   const RowSource* sources = nullptr;  // [max_rows]
+  const float* row_weights = nullptr;  // [max_rows]: sources[m].weight, contiguous (GEMM 1 epilogue input)
 };
 
 class EpDispatcher {

@@ -74,6 +74,7 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   p.grouped_x = m.device_alloc(max_rows * H * payload);
   p.grouped_scales = p.fp8 ? static_cast<float*>(m.device_alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;
   p.grouped_sources = static_cast<RowSource*>(m.device_alloc(sizeof(RowSource) * max_rows));
+  p.grouped_weights = static_cast<float*>(m.device_alloc(sizeof(float) * max_rows));
   p.max_rows = max_rows;
 
   m.received.num_local_experts = local_experts;
@@ -83,6 +84,7 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   m.received.x = p.grouped_x;
   m.received.x_scales = p.grouped_scales;
   m.received.sources = p.grouped_sources;
+  m.received.row_weights = p.grouped_weights;
   MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -261,7 +261,10 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_scatter_kern
         for (int c = lane; c < static_cast<int>(H * payload / 16); c += 32) out[c] = src[c];
         if (p.fp8)
           for (int g = lane; g < S; g += 32) p.grouped_scales[static_cast<size_t>(dst) * S + g] = src_scales[g];
-        if (lane == 0) p.grouped_sources[dst] = RowSource{s, token, j, weights[j]};
+        if (lane == 0) {
+          p.grouped_sources[dst] = RowSource{s, token, j, weights[j]};
+          p.grouped_weights[dst] = weights[j];
+        }
       }
     }
   }

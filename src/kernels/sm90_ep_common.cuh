@@ -81,6 +81,7 @@ struct EpParams {
   void* grouped_x;
   float* grouped_scales;
   RowSource* grouped_sources;
+  float* grouped_weights;   // [max_rows]
   int64_t max_rows;
   // combine
   const __nv_bfloat16* expert_out;

@@ -1,5 +1,7 @@
-// `staged` backend. Expert GEMMs currently run on the TEMPORARY CUDA-core grouped GEMM
-// (kernels/sm90_simt_grouped_gemm_temporary.cuh) until the wgmma grouped GEMM is merged.
+// `staged` backend. FP8-block experts run on the sm90 wgmma grouped GEMMs (kernels/grouped_gemm.h:
+// GEMM 1 with the SwiGLU + top-k weight + requant epilogue, GEMM 2 with BF16 out). BF16 experts run on
+// the TEMPORARY CUDA-core grouped GEMM (kernels/sm90_simt_grouped_gemm_temporary.cuh) + the separate
+// SwiGLU kernel until a BF16 grouped GEMM exists.
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,6 +9,8 @@
 #include <filesystem>
 #include <string>
 
+#include "backends/registry.h"
+#include "kernels/grouped_gemm.h"
 #include "kernels/sm90_simt_grouped_gemm_temporary.cuh"
 #include "kernels/sm90_swiglu_quant.cuh"
 #include "megamoe/ep.h"
@@ -70,8 +74,9 @@ class StagedBackend final : public MoeBackend {
       w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
       w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((H + 127) / 128) * ((I + 127) / 128)));
       act_scales_ = static_cast<float*>(alloc(sizeof(float) * rows * (I / 128)));
+    } else {
+      h1_ = static_cast<float*>(alloc(sizeof(float) * rows * 2 * I));  // temporary path only
     }
-    h1_ = static_cast<float*>(alloc(sizeof(float) * rows * 2 * I));
     act_ = alloc(rows * I * wbytes);
     y_ = static_cast<__nv_bfloat16*>(alloc(2 * rows * H));
     loaded_.assign(E, false);
@@ -94,8 +99,8 @@ class StagedBackend final : public MoeBackend {
     MEGAMOE_CHECK(local_expert >= 0 && local_expert < local_experts_, "local_expert = ", local_expert,
                   " must be in [0, ", local_experts_, ")");
     const int64_t H = config_.hidden, I = config_.intermediate;
-    copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_);
-    copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_);
+    copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_, kernels::GemmRole::kGateUp);
+    copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_, kernels::GemmRole::kDown);
     loaded_[local_expert] = true;
     // NOTES: cudaMemcpy from pageable memory may return before the DMA lands; forward() runs on a
     // possibly non-blocking stream.
@@ -131,6 +136,43 @@ class StagedBackend final : public MoeBackend {
     const ReceivedTokens& rx = io_->received();
     const int H = config_.hidden, I = config_.intermediate;
 
+    if (fp8_) {
+      kernels::GroupedGemm1Fp8Args g1;
+      g1.a = static_cast<const uint8_t*>(rx.x);
+      g1.a_scales = rx.x_scales;
+      g1.weights = static_cast<const uint8_t*>(w13_);
+      g1.weight_scales = w13_scales_;
+      g1.expert_offsets = rx.expert_offsets;
+      g1.topk_weights = config_.apply_topk_in_fc1 ? rx.row_weights : nullptr;
+      g1.out = static_cast<uint8_t*>(act_);
+      g1.out_scales = act_scales_;
+      g1.m_capacity = rx.max_rows;
+      g1.num_experts = local_experts_;
+      g1.hidden = H;
+      g1.intermediate = I;
+      g1.activation = config_.activation;
+      kernels::grouped_gemm1_fp8(g1, s);
+      kernels::GroupedGemm2Fp8Args g2;
+      g2.a = static_cast<const uint8_t*>(act_);
+      g2.a_scales = act_scales_;
+      g2.weights = static_cast<const uint8_t*>(w2_);
+      g2.weight_scales = w2_scales_;
+      g2.expert_offsets = rx.expert_offsets;
+      g2.out = reinterpret_cast<uint16_t*>(y_);
+      g2.m_capacity = rx.max_rows;
+      g2.num_experts = local_experts_;
+      g2.hidden = H;
+      g2.intermediate = I;
+      kernels::grouped_gemm2_fp8(g2, s);
+    } else {
+      run_temporary_bf16_experts(rx, s);
+    }
+    io_->combine(y_, out.out, stream, /*apply_weights=*/!config_.apply_topk_in_fc1);
+  }
+
+  // TEMPORARY (until a BF16 grouped GEMM exists): CUDA-core GEMMs + separate SwiGLU kernel.
+  void run_temporary_bf16_experts(const ReceivedTokens& rx, cudaStream_t s) {
+    const int H = config_.hidden, I = config_.intermediate;
     kernels::temporary::SimtGemmArgs g1{};
     g1.a = rx.x;
     g1.a_scales = rx.x_scales;
@@ -171,8 +213,6 @@ class StagedBackend final : public MoeBackend {
     g2.a_fp8 = g2.b_fp8 = fp8_;
     g2.out_bf16 = y_;
     kernels::temporary::launch_simt_grouped_gemm(g2, rx.max_rows, s);
-
-    io_->combine(y_, out.out, stream, /*apply_weights=*/!config_.apply_topk_in_fc1);
   }
 
   void destroy() override {
@@ -197,19 +237,26 @@ class StagedBackend final : public MoeBackend {
     return p;
   }
   void copy_matrix(const char* field, const formats::QuantizedMatrix& m, int64_t rows, int64_t cols, int expert,
-                   void* data, float* scales) {
+                   void* data, float* scales, kernels::GemmRole role) {
     MEGAMOE_CHECK(m.format == config_.weight_format, field, ".format = ", weight_format_name(m.format),
                   " but the config says ", weight_format_name(config_.weight_format));
     MEGAMOE_CHECK(m.rows == rows && m.cols == cols, field, ": expected [", rows, ", ", cols, "], got [", m.rows,
                   ", ", m.cols, "]");
     const size_t bytes = static_cast<size_t>(rows) * cols * (fp8_ ? 1 : 2);
     MEGAMOE_CHECK(m.data.size() == bytes, field, ".data has ", m.data.size(), " bytes, expected ", bytes);
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + bytes * expert, m.data.data(), bytes, cudaMemcpyHostToDevice));
-    if (fp8_) {
-      const size_t n = static_cast<size_t>((rows + 127) / 128) * ((cols + 127) / 128);
-      MEGAMOE_CHECK(m.block_scales.size() == n, field, ".block_scales has ", m.block_scales.size(), " entries, expected ", n);
-      MEGAMOE_CUDA_CHECK(cudaMemcpy(scales + n * expert, m.block_scales.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    if (!fp8_) {
+      MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + bytes * expert, m.data.data(), bytes, cudaMemcpyHostToDevice));
+      return;
     }
+    // FP8: the grouped GEMM's packed layout (W13 gate/up interleaved by 128 rows), made once here.
+    const kernels::PackedWeightSize packed = kernels::packed_weight_bytes(m.format, rows, cols);
+    std::vector<uint8_t> packed_data(packed.data_bytes);
+    std::vector<float> packed_scales(packed.scale_count);
+    kernels::pack_expert_weights(m, role, packed_data.data(), packed_scales.data());
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + packed.data_bytes * expert, packed_data.data(),
+                                  packed.data_bytes, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(scales + packed.scale_count * expert, packed_scales.data(),
+                                  packed.scale_count * sizeof(float), cudaMemcpyHostToDevice));
   }
 
   MoeConfig config_;
@@ -242,5 +289,21 @@ Capabilities staged_capabilities() {
 std::unique_ptr<MoeBackend> make_staged_backend(const MoeConfig& config, EpGroup* ep) {
   return std::make_unique<StagedBackend>(config, ep);
 }
+
+namespace {
+MEGAMOE_REGISTER_BACKEND(backends::BackendEntry{
+    .name = "staged",
+    .capabilities = [] { return staged_capabilities(); },
+    .unavailable_reason = []() -> std::string {
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        cudaGetLastError();
+        return "no CUDA device visible";
+      }
+      return {};
+    },
+    .create = [](const MoeConfig& c, EpGroup* ep) { return make_staged_backend(c, ep); },
+});
+}  // namespace
 
 }  // namespace megamoe
