@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_combine_send_kernel(
     const uint4* src = reinterpret_cast<const uint4*>(p.expert_out + static_cast<size_t>(m) * H);
     uint4* dst = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(source.rank, p.layout.combine_rows) +
                                           (static_cast<size_t>(source.token) * k + source.slot) * H);
-    for (int c = lane; c < H / 8; c += 32) dst[c] = __ldg(src + c);
+    warp_copy16(dst, src, H / 8, lane);
   }
   if (lane == 0 && remote_rows) atomicAdd(reinterpret_cast<unsigned long long*>(p.traffic + 1), remote_rows);
   __syncthreads();

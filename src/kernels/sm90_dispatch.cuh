@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_scatter_kern
         if (lane == 0) dst = p.expert_offsets[e] + atomicAdd(p.expert_cursors + e, 1);
         dst = __shfl_sync(0xffffffffu, dst, 0);
         uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(dst) * H * payload);
-        for (int c = lane; c < static_cast<int>(H * payload / 16); c += 32) out[c] = src[c];
+        warp_copy16(out, src, static_cast<int>(H * payload / 16), lane);
         if (p.fp8)
           for (int g = lane; g < S; g += 32) p.grouped_scales[static_cast<size_t>(dst) * S + g] = src_scales[g];
         if (lane == 0) {

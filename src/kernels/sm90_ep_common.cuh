@@ -57,6 +57,25 @@ inline DispatchLayout make_dispatch_layout(const EpDispatchConfig& c, int ranks)
   return l;
 }
 
+// Warp-cooperative copy of n 16-byte words. NOTES: 8 loads are issued before their 8 stores so each
+// lane keeps 8 requests in flight (a plain load->store loop serialises on possible aliasing).
+__device__ __forceinline__ void warp_copy16(uint4* __restrict__ dst, const uint4* __restrict__ src, int n, int lane) {
+  constexpr int kBatch = 8;
+  for (int base = 0; base < n; base += 32 * kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = base + u * 32 + lane;
+      if (c < n) v[u] = src[c];
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = base + u * 32 + lane;
+      if (c < n) dst[c] = v[u];
+    }
+  }
+}
+
 struct EpParams {
   EpDeviceContext ctx;
   std::array<char*, kMaxEpRanks> window;  // every rank's dispatch window base, mapped here

@@ -406,12 +406,31 @@ inline std::vector<HostExpert> make_experts(const MoeConfig& c, uint64_t seed) {
   return experts;
 }
 
-// fp64 GEMMs on the dequantized operands; activation quantization, SiLU and rounding in fp32 like the kernels.
-inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<HostExpert>& experts, const RankInputs& in) {
+// One E4M3 step at |v| (normal range; subnormal step 2^-9).
+inline double e4m3_step(double v) {
+  const double a = std::fabs(v);
+  if (a < std::ldexp(1.0, -6)) return std::ldexp(1.0, -9);
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 3);
+}
+
+// fp64 GEMMs on the dequantized operands; activation quantization, SiLU and rounding in fp32 like the
+// kernels. Also returns a per-element error bound `tolerance` from this model of the GPU path:
+//   * GEMM 1 accumulates in FP32 with per-128-K promotion (sm90 wgmma) or plain FP32 (bf16 path):
+//     relative error <= 2^-9 of sum |terms| is assumed for h; an activation code may flip only where
+//     h/scale lies within that error of an E4M3 rounding midpoint ("ambiguous"); a flip moves a_i by
+//     one step, i.e. y[c] by step_i * scale * |w2[c, i]|;
+//   * propagated GEMM 1 error into GEMM 2: 2^-9 * sum_i |w2[c,i]| |a_i|;
+//   * GEMM 2 accumulation + BF16 rounding of y: 2^-7 |y|;
+//   * final fp32 sum + BF16 rounding: 2^-8 |out|.
+inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<HostExpert>& experts, const RankInputs& in,
+                                          std::vector<double>* tolerance = nullptr) {
   const int H = c.hidden, I = c.intermediate, k = c.top_k;
   const bool fp8 = c.weight_format != WeightFormat::kBf16;
+  const double gemm_rel = std::ldexp(1.0, -9);
   std::vector<float> out(static_cast<size_t>(in.tokens) * H);
+  if (tolerance) tolerance->assign(out.size(), 0.0);
   std::vector<float> x(H), act(I), y(H);
+  std::vector<double> act_abs_err(I);
   std::vector<uint8_t> q(std::max(H, I));
   std::vector<float> sc(std::max(H, I) / 128 + 1);
   for (int t = 0; t < in.tokens; ++t) {
@@ -421,16 +440,21 @@ inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<
       for (int col = 0; col < H; ++col) x[col] = e4m3_value(q[col]) * sc[col / 128];
     }
     std::vector<float> acc(H, 0.0f);
+    std::vector<double> tol(H, 0.0);
     for (int j = 0; j < k; ++j) {
       const int id = in.ids[static_cast<size_t>(t) * k + j];
       if (id < 0) continue;
       const float w = in.weights[static_cast<size_t>(t) * k + j];
       const HostExpert& ex = experts[id];
+      std::vector<double> h_err(I);
       for (int i = 0; i < I; ++i) {
-        double g = 0, u = 0;
+        double g = 0, u = 0, g_abs = 0, u_abs = 0;
         for (int col = 0; col < H; ++col) {
-          g += static_cast<double>(ex.w13[static_cast<size_t>(i) * H + col]) * x[col];
-          u += static_cast<double>(ex.w13[static_cast<size_t>(I + i) * H + col]) * x[col];
+          const double wg = ex.w13[static_cast<size_t>(i) * H + col], wu = ex.w13[static_cast<size_t>(I + i) * H + col];
+          g += wg * x[col];
+          u += wu * x[col];
+          g_abs += std::fabs(wg * x[col]);
+          u_abs += std::fabs(wu * x[col]);
         }
         const float gf = static_cast<float>(g), uf = static_cast<float>(u);
         float a;
@@ -442,21 +466,48 @@ inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<
         }
         if (c.apply_topk_in_fc1) a *= w;
         act[i] = a;
+        // |d silu(g) u| <= (1.1 |u| |dg| + |g| |du|) roughly; use a generous first-order bound.
+        const double dg = c.activation.kind == Activation::Kind::kSiluMul
+                              ? 1.1 * std::fabs(uf)
+                              : (1.1 + c.activation.alpha * std::fabs(gf) / 4) * (std::fabs(uf) + 1.0);
+        h_err[i] = gemm_rel * (dg * g_abs + std::max(1.0, static_cast<double>(std::fabs(gf))) * u_abs) *
+                   (c.apply_topk_in_fc1 ? w : 1.0f) + 1e-6 * std::fabs(a);
       }
+      std::vector<double> flip_step(I, 0.0);  // size of a possible code flip of a_i (0 = unambiguous)
       if (fp8) {
         quantize_row_fp8(act.data(), I, q.data(), sc.data());
-        for (int i = 0; i < I; ++i) act[i] = e4m3_value(q[i]) * sc[i / 128];
+        for (int i = 0; i < I; ++i) {
+          const double scaled = act[i] / sc[i / 128], step = e4m3_step(scaled);
+          const double err = h_err[i] / sc[i / 128] + gemm_rel * std::fabs(scaled);  // scale drift too
+          const double to_midpoint = std::fabs(std::fabs(scaled - e4m3_value(q[i])) - step / 2);
+          if (to_midpoint <= err) flip_step[i] = step * sc[i / 128];
+          act[i] = e4m3_value(q[i]) * sc[i / 128];
+        }
       } else {
-        for (int i = 0; i < I; ++i) act[i] = round_bf16(act[i]);
+        for (int i = 0; i < I; ++i) {
+          const double step = std::ldexp(std::fabs(act[i]), -7);
+          if (h_err[i] >= std::ldexp(std::fabs(act[i]), -9)) flip_step[i] = step;
+          act[i] = round_bf16(act[i]);
+        }
       }
       for (int col = 0; col < H; ++col) {
-        double s = 0;
-        for (int i = 0; i < I; ++i) s += static_cast<double>(ex.w2[static_cast<size_t>(col) * I + i]) * act[i];
+        double s = 0, s_abs = 0, flips = 0;
+        for (int i = 0; i < I; ++i) {
+          const double w2 = ex.w2[static_cast<size_t>(col) * I + i];
+          s += w2 * act[i];
+          s_abs += std::fabs(w2 * act[i]);
+          flips += flip_step[i] * std::fabs(w2);
+        }
         const float yv = round_bf16(static_cast<float>(s));
-        acc[col] = std::fmaf(c.apply_topk_in_fc1 ? 1.0f : w, yv, acc[col]);
+        const float weight = c.apply_topk_in_fc1 ? 1.0f : w;
+        acc[col] = std::fmaf(weight, yv, acc[col]);
+        tol[col] += weight * (std::ldexp(std::fabs(yv), -7) + gemm_rel * s_abs + flips);
       }
     }
-    for (int col = 0; col < H; ++col) out[static_cast<size_t>(t) * H + col] = round_bf16(acc[col]);
+    for (int col = 0; col < H; ++col) {
+      out[static_cast<size_t>(t) * H + col] = round_bf16(acc[col]);
+      if (tolerance) (*tolerance)[static_cast<size_t>(t) * H + col] = tol[col] + std::ldexp(std::fabs(acc[col]), -8) + 1e-6;
+    }
   }
   return out;
 }
@@ -467,8 +518,9 @@ struct Comparison {
   std::string first_failure;
 };
 
-// rel-L2 over the whole output AND |got - ref| <= atol + rtol * |ref| per element.
-inline Comparison compare_outputs(const std::vector<uint16_t>& got, const std::vector<float>& ref, int H, double rtol, double atol_rel_rms) {
+// rel-L2 over the whole output AND |got - ref| <= tolerance[i] per element.
+inline Comparison compare_outputs(const std::vector<uint16_t>& got, const std::vector<float>& ref, int H,
+                                  const std::vector<double>& tolerance) {
   Comparison cmp;
   double num = 0, den = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -477,28 +529,21 @@ inline Comparison compare_outputs(const std::vector<uint16_t>& got, const std::v
     den += static_cast<double>(ref[i]) * ref[i];
   }
   cmp.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  const double rms = ref.empty() ? 0.0 : std::sqrt(den / ref.size());
-  const double atol = atol_rel_rms * rms;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double g = bf16_value(got[i]);
-    if (!(std::fabs(g - ref[i]) <= atol + rtol * std::fabs(ref[i]))) {
+    if (!(std::fabs(g - ref[i]) <= tolerance[i])) {
       if (cmp.elementwise_failures++ == 0)
         cmp.first_failure = "token " + std::to_string(i / H) + " column " + std::to_string(i % H) + ": got " +
-                            std::to_string(g) + " expected " + std::to_string(ref[i]);
+                            std::to_string(g) + " expected " + std::to_string(ref[i]) + " bound " + std::to_string(tolerance[i]);
     }
   }
   return cmp;
 }
 
-// Per-format budget: fp8 activations re-quantized between the GEMMs may flip one e4m3 step where the
-// fp32 kernel and the fp64 reference straddle a rounding boundary.
-inline void budget_for(WeightFormat f, double* rel_l2, double* rtol, double* atol_rel_rms) {
-  if (f == WeightFormat::kBf16) {
-    *rel_l2 = 2e-3; *rtol = 1.6e-2; *atol_rel_rms = 1e-2;
-  } else {
-    *rel_l2 = 5e-3; *rtol = 3e-2; *atol_rel_rms = 3e-2;
-  }
-}
+// Per-format rel-L2 budget (issue 3's): FP8 re-quantizes between the GEMMs, and ~1% of the codes may
+// flip where the GPU's accumulation and the fp64 reference straddle a rounding midpoint (each flip
+// is one E4M3 step, 1/16..1/8 relative), so 1e-2 as the grouped-GEMM tests; BF16 2e-3.
+inline double rel_l2_budget(WeightFormat f) { return f == WeightFormat::kBf16 ? 2e-3 : 1e-2; }
 
 // Runs the staged backend on this rank against the host reference; with graph_replay also captures
 // the forward into a CUDA graph and checks that three replays reproduce the eager output bit for bit.
@@ -520,11 +565,10 @@ inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t st
   backend->forward(inputs, outputs, stream);
   group.synchronize(stream);
   const auto got = dev.download_out();
-  const auto ref = reference_layer(c, experts, in);
-  double max_rel_l2, rtol, atol;
-  budget_for(c.weight_format, &max_rel_l2, &rtol, &atol);
-  const Comparison cmp = compare_outputs(got, ref, c.hidden, rtol, atol);
-  EXPECT_LT(cmp.rel_l2, max_rel_l2) << "rel-L2 vs the host reference";
+  std::vector<double> tolerance;
+  const auto ref = reference_layer(c, experts, in, &tolerance);
+  const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
+  EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
   std::printf("[staged] rank %d %s %s T=%d rel_l2=%.3g\n", me, std::string(weight_format_name(c.weight_format)).c_str(),
               routing_name(lc.routing), in.tokens, cmp.rel_l2);
