@@ -238,16 +238,7 @@ MEGAMOE_SUBCOMMAND("bench", "ep", "EP dispatch/combine bandwidth and the staged 
     apply_preset(*o);
     LaunchedRank lr;
     if (launched_rank_from_env(&lr)) return run_rank(*o, lr);
-    std::vector<std::string> argv;
-    argv.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
-    std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
-    std::string arg;
-    bool first = true;
-    while (std::getline(cmdline, arg, '\0')) {
-      if (!first) argv.push_back(arg);
-      first = false;
-    }
-    return launch_ranks(o->ranks, argv, 600);
+    return relaunch_self_on_ranks(o->ranks, 600);
   };
 });
 

@@ -275,18 +275,21 @@ std::string_view routing_pattern_name(RoutingPattern pattern) {
 std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
   // --ranks N > 1: this process is one rank started by launch_ranks (cmd_bench_layer relaunches
   // itself); GPU backends share one EpGroup, every rank runs the same tokens, rank 0 reports.
+#ifdef MEGAMOE_WITH_CUDA
   std::unique_ptr<EpGroup> group;
   if (o.ranks > 1) {
-#ifdef MEGAMOE_WITH_CUDA
     LaunchedRank lr;
     MEGAMOE_CHECK(launched_rank_from_env(&lr) && lr.ranks == o.ranks, "--ranks ", o.ranks,
                   ": run_layer_bench must run in a process started by launch_ranks with ", o.ranks, " ranks");
     group = EpGroup::bootstrap(lr.rank, lr.ranks, lr.rendezvous);
-#else
-    MEGAMOE_FAIL("--ranks ", o.ranks, ": multi-rank runs need a CUDA build");
-#endif
   }
+  EpGroup* const ep = group.get();
   const bool speak = !group || group->rank() == 0;
+#else
+  MEGAMOE_CHECK(o.ranks == 1, "--ranks ", o.ranks, ": multi-rank runs need a CUDA build");
+  EpGroup* const ep = nullptr;
+  const bool speak = true;
+#endif
   MEGAMOE_CHECK(!o.backends.empty(), "--backend: give at least one backend (known: reference, staged, mega)");
   MEGAMOE_CHECK(!o.tokens.empty(), "--tokens: give at least one token count");
   for (int t : o.tokens) MEGAMOE_CHECK(t >= 0, "--tokens ", t, " must be >= 0");
@@ -305,7 +308,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
   for (uint16_t& v : hidden) v = formats::f32_to_bf16(rng.normal());
 
   std::vector<PreparedBackend> prepared;
-  for (const std::string& name : o.backends) prepared.push_back(prepare(name, o, pool, max_tokens, group.get()));
+  for (const std::string& name : o.backends) prepared.push_back(prepare(name, o, pool, max_tokens, ep));
   PreparedBackend checker;
   if (o.check) checker = prepare("reference", o, pool, o.check_tokens);
 

@@ -143,5 +143,8 @@ bool launched_rank_from_env(LaunchedRank* out);
 // when every rank exited 0, else the first non-zero status (signals as 128 + signo). Output of each
 // rank is prefixed by the child itself if it wants; stdout/stderr are inherited.
 int launch_ranks(int ranks, const std::vector<std::string>& argv, int timeout_s = 600);
+// launch_ranks() of this very process's command line (/proc/self/exe + /proc/self/cmdline): how a
+// command such as `megamoe bench layer --ranks 2` turns itself into one process per GPU.
+int relaunch_self_on_ranks(int ranks, int timeout_s = 600);
 
 }  // namespace megamoe

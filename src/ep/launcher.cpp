@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -90,6 +91,15 @@ int launch_ranks(int ranks, const std::vector<std::string>& argv, int timeout_s)
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   return first_failure;
+}
+
+int relaunch_self_on_ranks(int ranks, int timeout_s) {
+  std::vector<std::string> argv{std::filesystem::read_symlink("/proc/self/exe").string()};
+  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+  std::string arg;
+  for (bool first = true; std::getline(cmdline, arg, '\0'); first = false)
+    if (!first) argv.push_back(arg);
+  return launch_ranks(ranks, argv, timeout_s);
 }
 
 }  // namespace megamoe

@@ -4,8 +4,6 @@
 #include <memory>
 #include <optional>
 
-#include <filesystem>
-
 #include "bench/layer_bench.h"
 #include "megamoe/ep.h"
 #include "megamoe/error.h"
@@ -30,14 +28,7 @@ int run_layer(const LayerArgs& a) {
   // --ranks N > 1: relaunch this command once per GPU; rank 0 prints and writes --json.
   LaunchedRank launched;
   const bool is_rank = launched_rank_from_env(&launched);
-  if (a.ranks > 1 && !is_rank) {
-    std::vector<std::string> argv{std::filesystem::read_symlink("/proc/self/exe").string()};
-    std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
-    std::string arg;
-    for (bool first = true; std::getline(cmdline, arg, '\0'); first = false)
-      if (!first) argv.push_back(arg);
-    return launch_ranks(a.ranks, argv, 900);
-  }
+  if (a.ranks > 1 && !is_rank) return relaunch_self_on_ranks(a.ranks, 900);
   const bool speak = !is_rank || launched.rank == 0;
   bench::LayerBenchOptions o;
   o.shape = bench::find_layer_preset(a.preset);
