@@ -12,9 +12,9 @@
 //          Quantized once per token and shared by all its experts (dispatch sends FP8 + scales).
 //        BF16: a1[i] = bf16_rne(x[i]) (a no-op for bf16 hidden).
 //   2. Weights: W = formats::dequantize_f64(matrix): the format's value, exact in fp64 (no rounding).
-//   3. GEMM-1, for r in [0, 2I): g[r] = fp32( sum_{i ascending} a1[i] * W13[r, i] )
-//        kF64: products in fp64 (exact when <= 53 bits: always for bf16/fp8_block, and for fp4 with
-//              power-of-two scales), summed in fp64 (4 interleaved partial
+//   3. GEMM-1, for r in [0, 2I): g[r] = fp32( sum_i a1[i] * W13[r, i] )
+//        kF64: products in fp64 (exact for bf16, and for scaled formats whenever the significant bits
+//              fit 53, e.g. power-of-two scales; else rounded at 2^-53), summed in fp64 (4 interleaved partial
 //              sums, i mod 4, combined (s0 + s1) + (s2 + s3)), ONE rounding to fp32.
 //        kF32: acc = fmaf(fp32(a1[i]), fp32(W13[r, i]), acc) from acc = 0, i ascending.
 //      gate = g[0, I), up = g[I, 2I).
