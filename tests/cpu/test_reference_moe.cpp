@@ -372,9 +372,9 @@ struct RandomLayer {
   std::vector<float> x;
   std::vector<int32_t> ids;
   std::vector<float> weights;
-  std::vector<std::vector<float>> w13, w2;  // dequantized (what the layer multiplies by)
+  std::vector<std::vector<double>> w13, w2;  // dequantized exactly (what the layer multiplies by)
   std::vector<ExpertWeights> quantized;
-  std::vector<float> shared_w13, shared_w2;
+  std::vector<double> shared_w13, shared_w2;
   ExpertWeights shared_quantized;
 };
 
@@ -409,15 +409,15 @@ RandomLayer make_random_layer(WeightFormat format, Activation::Kind kind, bool f
   for (int e = 0; e < c.num_experts; ++e) {
     ExpertWeights q{quantize(random_matrix(2 * c.intermediate, H), 2 * c.intermediate, H, true),
                     quantize(random_matrix(H, c.intermediate), H, c.intermediate, false)};
-    L.w13.push_back(formats::dequantize(q.w13));
-    L.w2.push_back(formats::dequantize(q.w2));
+    L.w13.push_back(formats::dequantize_f64(q.w13));
+    L.w2.push_back(formats::dequantize_f64(q.w2));
     L.quantized.push_back(std::move(q));
   }
   if (shared) {
     L.shared_quantized = {quantize(random_matrix(2 * c.shared_intermediate, H), 2 * c.shared_intermediate, H, true),
                           quantize(random_matrix(H, c.shared_intermediate), H, c.shared_intermediate, false)};
-    L.shared_w13 = formats::dequantize(L.shared_quantized.w13);
-    L.shared_w2 = formats::dequantize(L.shared_quantized.w2);
+    L.shared_w13 = formats::dequantize_f64(L.shared_quantized.w13);
+    L.shared_w2 = formats::dequantize_f64(L.shared_quantized.w2);
   }
   // Distinct experts per token; ~1 in 8 slots padding; expert 7 never used (no tokens).
   for (int t = 0; t < T; ++t) {
@@ -436,7 +436,7 @@ RandomLayer make_random_layer(WeightFormat format, Activation::Kind kind, bool f
 std::vector<double> dense_fp64(const RandomLayer& L, int T) {
   const MoeConfig& c = L.config;
   const int H = c.hidden;
-  auto expert = [&](const std::vector<float>& w13, const std::vector<float>& w2, int inter, int t, double fc1_weight) {
+  auto expert = [&](const std::vector<double>& w13, const std::vector<double>& w2, int inter, int t, double fc1_weight) {
     std::vector<double> h(inter), y(H, 0.0);
     for (int r = 0; r < inter; ++r) {
       double gate = 0, up = 0;

@@ -187,6 +187,19 @@ TEST(Routing, GroupLimitedSelectionUsesTopTwoSum) {
   EXPECT_EQ(three.ids, (std::vector<int32_t>{0, 2, 3, 4}));
 }
 
+TEST(Routing, GroupScoresUseBiasedScoresWeightsDoNot) {
+  RouterConfig config = config_of(RouterKind::kSigmoidGrouped, 8, 2);
+  config.num_groups = 4;
+  config.top_k_groups = 1;
+  config.routed_scaling_factor = 2.0f;
+  // Equal logits (sigmoid 0.5 everywhere): only the biases decide. Expert 5 has the best single
+  // biased score (0.75) but its group {4, 5} sums 1.25 < group {6, 7}'s 2 * 0.65625 = 1.3125.
+  const float bias[8] = {0, 0, 0, 0, 0, 0.25f, 0.15625f, 0.15625f};
+  const Routed r = route(config, std::vector<float>(8, 0.0f), bias);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{6, 7}));
+  EXPECT_EQ(r.weights, (std::vector<float>{1.0f, 1.0f}));  // (0.5 / 1.0) * 2, the bias not included
+}
+
 TEST(Routing, SqrtSoftplusWeightsAndZeroSum) {
   RouterConfig config = config_of(RouterKind::kSqrtSoftplus, 4, 2);
   config.routed_scaling_factor = 1.5f;
