@@ -15,6 +15,10 @@
 #include "megamoe/ep.h"
 #include "megamoe/error.h"
 
+#ifdef MEGAMOE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace megamoe {
 
 bool launched_rank_from_env(LaunchedRank* out) {
@@ -33,6 +37,16 @@ bool launched_rank_from_env(LaunchedRank* out) {
 int launch_ranks(int ranks, const std::vector<std::string>& argv, int timeout_s) {
   MEGAMOE_CHECK(ranks >= 1 && ranks <= kMaxEpRanks, "ranks = ", ranks, " must be in [1, ", kMaxEpRanks, "]");
   MEGAMOE_CHECK(!argv.empty(), "launch_ranks: empty argv");
+  // One process per GPU: fail here, with the count, rather than in every child.
+  int devices = 0;
+#ifdef MEGAMOE_WITH_CUDA
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  MEGAMOE_CHECK(status == cudaSuccess && devices >= ranks, "--ranks ", ranks, " needs ", ranks,
+                " GPUs (one process per GPU), found ", status == cudaSuccess ? devices : 0,
+                status == cudaSuccess ? "" : std::string(" (cudaGetDeviceCount: ") + cudaGetErrorName(status) + ")");
+#else
+  MEGAMOE_FAIL("--ranks ", ranks, " needs ", ranks, " GPUs, but this build has no CUDA (MEGAMOE_ENABLE_CUDA=OFF)");
+#endif
   std::random_device seed;
   const auto dir = std::filesystem::temp_directory_path() /
                    ("megamoe-rdv-" + std::to_string(getpid()) + "-" + std::to_string(seed()));

@@ -154,16 +154,18 @@ std::vector<float> dequantize(const QuantizedMatrix& m) { return dequantize_as<f
 std::vector<double> dequantize_f64(const QuantizedMatrix& m) { return dequantize_as<double>(m); }
 
 QuantizedMatrix quantize(const float* w, int64_t rows, int64_t cols, WeightFormat format) {
-  check_quantize_args(w, rows, cols);
-  QuantizedMatrix q;
-  q.format = format;
-  q.rows = rows;
-  q.cols = cols;
+  // NOTES: shape checks come before check_quantize_args reads the weights, so a wrong shape never
+  // reads past the caller's buffer.
   if (format == WeightFormat::kNvfp4 || format == WeightFormat::kMxfp4) {
     const int group = format == WeightFormat::kNvfp4 ? kNvfp4GroupSize : kMxfp4GroupSize;
     MEGAMOE_CHECK(cols % group == 0, "quantize ", weight_format_name(format), ": cols = ", cols,
                   " must be a multiple of ", group);
   }
+  check_quantize_args(w, rows, cols);
+  QuantizedMatrix q;
+  q.format = format;
+  q.rows = rows;
+  q.cols = cols;
   q.data.assign(static_cast<size_t>(q.expected_data_bytes()), 0);
   q.block_scales.assign(static_cast<size_t>(q.expected_block_scales()), 0.0f);
   q.group_scales.assign(static_cast<size_t>(q.expected_group_scales()), 0);

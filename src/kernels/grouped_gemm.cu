@@ -1,5 +1,6 @@
 // Typed validating API of the grouped GEMMs (grouped_gemm.h): checks, TMA descriptors, launch.
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "kernels/grouped_gemm.h"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
@@ -13,20 +14,33 @@ using sm90::GroupedGemmParams;
 
 // 2D uint8 tensor map [outer, inner] (inner contiguous) read in boxes of [box_outer, 128 bytes] with
 // the 128-byte swizzle the wgmma descriptors expect. Out-of-range rows read as zeros.
+// NOTES: the driver entry point is looked up through the runtime instead of linking libcuda, so
+// that binaries (and gtest discovery in CI) load on machines without a GPU driver.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult query{};
+    MEGAMOE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                        cudaEnableDefault, &query));
+    MEGAMOE_CHECK(fn != nullptr && query == cudaDriverEntryPointSuccess,
+                  "driver entry point cuTensorMapEncodeTiled not found (driver too old?)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
 CUtensorMap make_tensor_map(const void* base, uint64_t inner, uint64_t outer, uint32_t box_outer) {
   CUtensorMap map{};
   const cuuint64_t dims[2] = {inner, outer};
   const cuuint64_t strides[1] = {inner};
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), box_outer};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult status = cuTensorMapEncodeTiled(
+  const CUresult status = tensor_map_encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
-    const char* name = nullptr;
-    cuGetErrorName(status, &name);
-    MEGAMOE_FAIL("cuTensorMapEncodeTiled failed (", name ? name : "?", ") for a [", outer, ", ", inner,
+    MEGAMOE_FAIL("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(status), ") for a [", outer, ", ", inner,
                  "] tensor with box rows ", box_outer);
   }
   return map;
