@@ -5,6 +5,7 @@
 
 #include <future>
 #include <random>
+#include <thread>
 
 #include "server/block_manager.h"
 #include "server/llm_engine.h"
@@ -69,6 +70,18 @@ std::vector<int32_t> random_prompt(std::mt19937_64& rng, int length) {
   return prompt;
 }
 
+// Stats are published after each engine step, a moment after the callbacks: poll (bounded).
+EngineStats drained_stats(const LLMEngine& engine) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  EngineStats s = engine.stats();
+  while (std::chrono::steady_clock::now() < deadline &&
+         (s.running + s.waiting > 0 || s.kv_blocks_free != s.kv_blocks_total)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    s = engine.stats();
+  }
+  return s;
+}
+
 }  // namespace
 
 TEST(ServerBlockManager, AllocatesReleasesAndNeverLeaks) {
@@ -130,7 +143,7 @@ TEST(ServerEngine, GreedyMatchesModelUnderChunkingPreemptionAndTwoRanks) {
     EXPECT_EQ(pending[i].result->reason, ended_on_eos ? FinishReason::kStop : FinishReason::kLength);
     EXPECT_EQ(pending[i].result->text, tokenizer->decode(expected, /*skip_special=*/true));
   }
-  const EngineStats stats = engine.stats();
+  const EngineStats stats = drained_stats(engine);
   EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total) << "KV blocks leaked";
   EXPECT_EQ(stats.running + stats.waiting, 0);
   EXPECT_GT(stats.preemptions, 0) << "the KV cache was sized to force preemption";
@@ -237,6 +250,6 @@ TEST(ServerEngine, RejectsBadRequestsAndOverload) {
   EXPECT_EQ(a.result->reason, FinishReason::kAbort);
   wait(b);
   EXPECT_EQ(b.result->reason, FinishReason::kLength);
-  const EngineStats stats = engine.stats();
+  const EngineStats stats = drained_stats(engine);
   EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
 }
