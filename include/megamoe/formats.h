@@ -4,6 +4,7 @@
 // spelled out. See docs/formats.md for formulas and worked numbers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -12,7 +13,12 @@
 namespace megamoe::formats {
 
 // ---- scalar conversions -------------------------------------------------------------------------
-// All float -> narrow conversions round to nearest, ties to even (RNE).
+// All float -> narrow conversions round to nearest, ties to even (RNE). Overflow is judged after
+// rounding with an unbounded exponent (IEEE 754 / OCP): E4M3 464 (midpoint of 448 and 480) rounds to
+// 448; anything above overflows. NaN inputs keep their sign and become the target's canonical quiet
+// NaN: BF16 0x7FC0, FP16 0x7E00, E4M3 0x7F, E5M2 0x7F (sign bit OR-ed in); E2M1 has no NaN (-> +6).
+// Infinite inputs: kSaturate -> +-max finite (PTX .satfinite); kNaN -> E4M3 NaN, E5M2 +-inf.
+// BF16 and FP16 have infinities and always round overflow to +-inf (IEEE).
 enum class Overflow : uint8_t {
   kSaturate,  // clamp to the largest finite magnitude (NaN stays NaN)
   kNaN,       // E4M3: produce NaN; E5M2: produce +-inf (OCP "non-saturating" mode)
@@ -31,8 +37,9 @@ uint8_t f32_to_e2m1(float value);
 float e2m1_to_f32(uint8_t code);  // code in [0, 16)
 // UE8M0: 2^(bits-127); bits 255 = NaN; bits 0 = 2^-127.
 float ue8m0_to_f32(uint8_t bits);
-// Smallest power of two >= value (value > 0, finite), as UE8M0 bits (OCP MX scale rule is
-// floor(log2(amax)) - emax_elem; see mxfp4 quantization below).
+// Smallest power of two >= value, as UE8M0 bits (OCP MX scale rule is floor(log2(amax)) - emax_elem;
+// see mxfp4 quantization below). value <= 2^-127 (including 0 and negatives) -> 0 (2^-127);
+// value > 2^127, inf or NaN -> 255 (NaN): never a silent clamp to 2^127.
 uint8_t f32_to_ue8m0_ceil(float value);
 
 inline float round_to_bf16(float value) { return bf16_to_f32(f32_to_bf16(value)); }
@@ -55,8 +62,12 @@ struct Fp8Activations {
   std::vector<uint8_t> values;  // [rows, cols] E4M3
   std::vector<float> scales;    // [rows, ceil(cols/128)]
 };
+// NaN elements are ignored by amax (fmaxf semantics) and quantize to E4M3 NaN; an inf element makes
+// scale = inf, so its group becomes 0 (finite elements) and NaN (inf / inf).
 Fp8Activations quantize_fp8_activations(const float* x, int64_t rows, int64_t cols);
+// value = fp32(e4m3(q) * scale), the product formed in FP64 and rounded once.
 std::vector<float> dequantize_fp8_activations(const Fp8Activations& q);
+int64_t fp8_activation_groups(int64_t cols);  // ceil(cols / 128)
 
 // ---- canonical weight matrix of one expert --------------------------------------------------------
 // A [rows, cols] matrix, K-major (cols = reduction dimension K). For W13, rows = 2I (gate rows then
@@ -77,7 +88,17 @@ struct QuantizedMatrix {
   // different gate/up global is exact, never approximated.
   std::array<float, 2> global_scales{1.0f, 1.0f};
 
-  void validate() const;  // throws megamoe::Error naming the field whose size is wrong
+  // Throws megamoe::Error naming the field whose size is wrong (and the expected size), a cols that
+  // is not a multiple of the group (nvfp4: 16, mxfp4: 32; fp8_block and bf16 take any shape, the last
+  // block may be partial), a non-finite or non-positive nvfp4 global, or a global other than {1, 1}
+  // on a format that has none.
+  void validate() const;
+
+  int64_t expected_data_bytes() const;
+  int64_t expected_block_scales() const;
+  int64_t expected_group_scales() const;
+  // kNvfp4 / kMxfp4: the E2M1 code of element (r, c) (no bounds check).
+  uint8_t fp4_code(int64_t r, int64_t c) const;
 };
 
 // value(r, c) as FP32 exactly as the format defines it:
@@ -94,6 +115,11 @@ std::vector<float> dequantize(const QuantizedMatrix& matrix);
 //   kNvfp4: global = amax(all)/(448*6) (1 if zero); group scale s = e4m3(amax(group)/6/global);
 //           q = e2m1(w / (e4m3_to_f32(s) * global)); a zero group scale gives zero codes.
 //   kMxfp4: OCP: e = floor(log2(amax(group))) - 2 (clamped to [-127, 127]), q = e2m1(w / 2^e).
+// All arithmetic is FP32 in the order written (amax/6.0f/global; e4m3(s)*global, then w / that).
+// Throws megamoe::Error naming the element when a weight is inf or NaN.
 QuantizedMatrix quantize(const float* w, int64_t rows, int64_t cols, WeightFormat format);
+// kNvfp4 with one global per half (rows [0, rows/2) and [rows/2, rows)), as a W13 whose gate and up
+// were quantized separately has.
+QuantizedMatrix quantize_nvfp4_per_half(const float* w, int64_t rows, int64_t cols);
 
 }  // namespace megamoe::formats

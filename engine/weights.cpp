@@ -1,0 +1,268 @@
+#include "engine/weights.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "engine/safetensors.h"
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+
+namespace megamoe::engine {
+namespace {
+
+std::string layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+// A run of elements of one record; an expert matrix is the concatenation of its segments in row
+// order (W13 = gate rows then up rows).
+struct Segment {
+  const TensorRecord* record;
+  int64_t first_element;
+  int64_t count;
+};
+
+formats::QuantizedMatrix build_matrix(const std::vector<Segment>& segments, int64_t rows, int64_t cols,
+                                      WeightFormat format) {
+  int64_t total = 0;
+  bool all_bf16 = true;
+  for (const Segment& s : segments) {
+    total += s.count;
+    all_bf16 &= s.record->dtype == DType::kBF16;
+  }
+  MEGAMOE_CHECK(total == rows * cols, "expert matrix [", rows, ", ", cols, "] from ", total, " elements");
+  formats::QuantizedMatrix matrix;
+  if (format == WeightFormat::kBf16 && all_bf16) {
+    // Exact: the BF16 bit patterns move unchanged.
+    matrix.format = format;
+    matrix.rows = rows;
+    matrix.cols = cols;
+    matrix.data.resize(static_cast<size_t>(total) * 2);
+    size_t offset = 0;
+    for (const Segment& s : segments) {
+      std::memcpy(matrix.data.data() + offset, s.record->data + s.first_element * 2, s.count * 2);
+      offset += s.count * 2;
+    }
+    return matrix;
+  }
+  std::vector<float> values(static_cast<size_t>(total));
+  int64_t offset = 0;
+  for (const Segment& s : segments) {
+    convert_to_f32(*s.record, s.first_element, s.count, values.data() + offset);
+    offset += s.count;
+  }
+  return formats::quantize(values.data(), rows, cols, format);
+}
+
+class CheckpointSource final : public WeightSource {
+ public:
+  CheckpointSource(const ModelConfig& config, const std::string& model_dir)
+      : config_(config), checkpoint_(model_dir) {}
+
+  bool has(const std::string& name) const override { return checkpoint_.has(name); }
+
+  std::vector<float> dense(const std::string& name, const std::vector<int64_t>& shape) const override {
+    return checkpoint_.read_f32(name, shape);
+  }
+
+  ExpertWeights expert(int layer, int expert, WeightFormat format) const override {
+    const int64_t H = config_.hidden_size, I = config_.moe_intermediate_size, E = config_.num_experts;
+    const std::string moe = moe_prefix(layer);
+    ExpertWeights weights;
+    // transformers 5 native (fused) names, or one tensor per expert (Qwen: gate/up/down_proj,
+    // Mixtral: w1 = gate, w3 = up, w2 = down).
+    if (checkpoint_.has(moe + "experts.gate_up_proj")) {
+      const TensorRecord& gate_up = checked(moe + "experts.gate_up_proj", {E, 2 * I, H});
+      const TensorRecord& down = checked(moe + "experts.down_proj", {E, H, I});
+      weights.w13 = build_matrix({{&gate_up, expert * 2 * I * H, 2 * I * H}}, 2 * I, H, format);
+      weights.w2 = build_matrix({{&down, expert * H * I, H * I}}, H, I, format);
+      return weights;
+    }
+    const std::string e = moe + "experts." + std::to_string(expert) + ".";
+    const bool mixtral_names = checkpoint_.has(e + "w1.weight");
+    const TensorRecord& gate = checked(e + (mixtral_names ? "w1.weight" : "gate_proj.weight"), {I, H});
+    const TensorRecord& up = checked(e + (mixtral_names ? "w3.weight" : "up_proj.weight"), {I, H});
+    const TensorRecord& down = checked(e + (mixtral_names ? "w2.weight" : "down_proj.weight"), {H, I});
+    weights.w13 = build_matrix({{&gate, 0, I * H}, {&up, 0, I * H}}, 2 * I, H, format);
+    weights.w2 = build_matrix({{&down, 0, H * I}}, H, I, format);
+    return weights;
+  }
+
+ private:
+  // "model.layers.N.mlp." (Qwen, transformers-5 Mixtral) or "model.layers.N.block_sparse_moe." (Mixtral).
+  std::string moe_prefix(int layer) const {
+    const std::string block_sparse = layer_prefix(layer) + "block_sparse_moe.";
+    return checkpoint_.has(block_sparse + "gate.weight") ? block_sparse : layer_prefix(layer) + "mlp.";
+  }
+  const TensorRecord& checked(const std::string& name, const std::vector<int64_t>& shape) const {
+    const TensorRecord& record = checkpoint_.get(name);
+    MEGAMOE_CHECK(record.shape == shape, "tensor '", name, "' in ", record.file, ": shape ", record.shape_string(),
+                  " but the config needs ", shape_string(shape));
+    return record;
+  }
+
+  ModelConfig config_;
+  Checkpoint checkpoint_;
+};
+
+// Seeded uniform values with the standard deviation of a sensible init; every tensor (and every
+// expert) has its own stream keyed by its name, so ranks agree on shared tensors and an expert's
+// values do not depend on which rank loads it.
+class DummySource final : public WeightSource {
+ public:
+  DummySource(const ModelConfig& config, uint64_t seed) : config_(config), seed_(seed) {}
+
+  bool has(const std::string& name) const override {
+    return !(config_.tie_word_embeddings && name == "lm_head.weight");
+  }
+
+  std::vector<float> dense(const std::string& name, const std::vector<int64_t>& shape) const override {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    std::vector<float> out(static_cast<size_t>(numel));
+    const bool is_norm = name.size() >= 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
+    const bool is_embed = name == "model.embed_tokens.weight";
+    const double std = is_norm ? 0.1 : is_embed ? 1.0 : 1.0 / std::sqrt(static_cast<double>(shape.back()));
+    fill(name, std, out.data(), numel);
+    if (is_norm) {
+      for (float& v : out) v += 1.0f;
+    }
+    return out;
+  }
+
+  ExpertWeights expert(int layer, int expert, WeightFormat format) const override {
+    const int64_t H = config_.hidden_size, I = config_.moe_intermediate_size;
+    const std::string e = layer_prefix(layer) + "mlp.experts." + std::to_string(expert) + ".";
+    std::vector<float> w13(static_cast<size_t>(2 * I * H)), w2(static_cast<size_t>(H * I));
+    fill(e + "gate_up", 1.0 / std::sqrt(static_cast<double>(H)), w13.data(), 2 * I * H);
+    fill(e + "down", 1.0 / std::sqrt(static_cast<double>(I)), w2.data(), H * I);
+    ExpertWeights weights;
+    weights.w13 = to_format(w13, 2 * I, H, format);
+    weights.w2 = to_format(w2, H, I, format);
+    return weights;
+  }
+
+ private:
+  static formats::QuantizedMatrix to_format(std::vector<float>& values, int64_t rows, int64_t cols,
+                                            WeightFormat format) {
+    if (format != WeightFormat::kBf16) return formats::quantize(values.data(), rows, cols, format);
+    formats::QuantizedMatrix matrix;
+    matrix.format = format;
+    matrix.rows = rows;
+    matrix.cols = cols;
+    matrix.data.resize(values.size() * 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t bits = formats::f32_to_bf16(values[i]);
+      matrix.data[2 * i] = static_cast<uint8_t>(bits);
+      matrix.data[2 * i + 1] = static_cast<uint8_t>(bits >> 8);
+    }
+    return matrix;
+  }
+
+  void fill(const std::string& name, double std, float* out, int64_t count) const {
+    uint64_t state = seed_ ^ 0x9E3779B97F4A7C15ull;
+    for (char c : name) state = (state ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;  // FNV-1a
+    const double half_width = std * std::sqrt(3.0);
+    for (int64_t i = 0; i < count; ++i) {
+      // splitmix64
+      uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      const double unit = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
+      out[i] = static_cast<float>((2.0 * unit - 1.0) * half_width);
+    }
+  }
+
+  ModelConfig config_;
+  uint64_t seed_;
+};
+
+class ProgressBar {
+ public:
+  ProgressBar(bool enabled, int64_t total) : enabled_(enabled), total_(total), start_(clock::now()) {}
+  void advance(int64_t done) {
+    if (!enabled_) return;
+    const auto now = clock::now();
+    if (done < total_ && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(total_, 1));
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    std::fprintf(stderr, "\rLoading weights [%.*s%*s] %lld/%lld layers %.1fs", filled,
+                 "##############################", kWidth - filled, "", static_cast<long long>(done),
+                 static_cast<long long>(total_), seconds);
+    if (done >= total_) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  bool enabled_;
+  int64_t total_;
+  clock::time_point start_, last_{};
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> make_checkpoint_source(const ModelConfig& config, const std::string& model_dir) {
+  return std::make_unique<CheckpointSource>(config, model_dir);
+}
+
+std::unique_ptr<WeightSource> make_dummy_source(const ModelConfig& config, uint64_t seed) {
+  return std::make_unique<DummySource>(config, seed);
+}
+
+ModelWeights load_model_weights(const ModelConfig& config, const WeightSource& source,
+                                const std::vector<MoeBackend*>& moe_layers, WeightFormat expert_format,
+                                bool progress) {
+  MEGAMOE_CHECK(static_cast<int>(moe_layers.size()) == config.num_layers, "moe_layers has ", moe_layers.size(),
+                " entries, expected num_hidden_layers = ", config.num_layers);
+  const int64_t V = config.vocab_size, H = config.hidden_size, D = config.head_dim;
+  ModelWeights weights;
+  ProgressBar bar(progress, config.num_layers + 1);
+  weights.embed = source.dense("model.embed_tokens.weight", {V, H});
+  weights.final_norm = source.dense("model.norm.weight", {H});
+  if (!config.tie_word_embeddings) weights.lm_head = source.dense("lm_head.weight", {V, H});
+  bar.advance(1);
+  weights.layers.resize(config.num_layers);
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    LayerWeights& lw = weights.layers[layer];
+    const std::string p = layer_prefix(layer);
+    lw.input_norm = source.dense(p + "input_layernorm.weight", {H});
+    lw.post_attention_norm = source.dense(p + "post_attention_layernorm.weight", {H});
+    AttentionWeights& a = lw.attention;
+    a.q_proj = source.dense(p + "self_attn.q_proj.weight", {config.q_size(), H});
+    a.k_proj = source.dense(p + "self_attn.k_proj.weight", {config.kv_size(), H});
+    a.v_proj = source.dense(p + "self_attn.v_proj.weight", {config.kv_size(), H});
+    a.o_proj = source.dense(p + "self_attn.o_proj.weight", {H, config.q_size()});
+    if (config.qk_norm) {
+      a.q_norm = source.dense(p + "self_attn.q_norm.weight", {D});
+      a.k_norm = source.dense(p + "self_attn.k_norm.weight", {D});
+    }
+    lw.moe = config.is_moe_layer(layer);
+    if (lw.moe) {
+      MoeBackend* backend = moe_layers[layer];
+      MEGAMOE_CHECK(backend != nullptr, "layer ", layer, " is an MoE layer but has no MoE backend");
+      const std::string block_sparse = p + "block_sparse_moe.gate.weight";
+      lw.router = source.dense(source.has(block_sparse) ? block_sparse : p + "mlp.gate.weight",
+                               {config.num_experts, H});
+      for (int local = 0; local < backend->num_local_experts(); ++local) {
+        backend->load_expert(local, source.expert(layer, backend->first_local_expert() + local, expert_format));
+      }
+    } else {
+      const int64_t I = config.intermediate_size;
+      const std::vector<float> gate = source.dense(p + "mlp.gate_proj.weight", {I, H});
+      const std::vector<float> up = source.dense(p + "mlp.up_proj.weight", {I, H});
+      lw.dense_gate_up = gate;
+      lw.dense_gate_up.insert(lw.dense_gate_up.end(), up.begin(), up.end());
+      lw.dense_down = source.dense(p + "mlp.down_proj.weight", {H, I});
+    }
+    bar.advance(layer + 2);
+  }
+  return weights;
+}
+
+}  // namespace megamoe::engine
