@@ -1,12 +1,12 @@
 #include "server/llm_engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <future>
 
 #include "megamoe/error.h"
 #include "server/detokenizer.h"
-#include "server/sampler.h"
 
 namespace megamoe::server {
 
@@ -90,7 +90,7 @@ SubmitResult LLMEngine::submit(std::vector<int32_t> prompt, engine::SamplingPara
                                   " tokens. However, your prompt has ", prompt.size(),
                                   " tokens (it must leave room for at least one generated token)."));
   if (params.max_tokens <= 0) return invalid(detail::concat("max_tokens ", params.max_tokens, " must be > 0"));
-  if (!(params.temperature >= 0.0f)) return invalid(detail::concat("temperature ", params.temperature, " must be >= 0"));
+  if (!(params.temperature >= 0.0f && std::isfinite(params.temperature))) return invalid(detail::concat("temperature ", params.temperature, " must be >= 0"));
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
     return invalid(detail::concat("top_p ", params.top_p, " must be in (0, 1]"));
   if (in_engine_.load() >= options_.max_queued_requests) {
@@ -117,7 +117,8 @@ SubmitResult LLMEngine::submit(std::vector<int32_t> prompt, engine::SamplingPara
     seq->id = next_id_++;
     const uint64_t seed = params.seed >= 0 ? uint64_t(params.seed)
                                            : options_.seed * 0x9E3779B97F4A7C15ull + (++seed_counter_);
-    seq->rng.seed(seed);
+    params.seed = int64_t(seed & 0x7FFFFFFFFFFFFFFFull);
+    seq->sampler.emplace(params);
     seq->params = std::move(params);
     request->seq = seq;
     result.id = seq->id;
@@ -251,7 +252,7 @@ void LLMEngine::process_step(int rank, const ScheduledStep& step, const engine::
       finish(request, FinishReason::kError, std::move(update));
       continue;
     }
-    const int32_t token = sample_token(logits, seq.params, seq.rng);
+    const int32_t token = seq.sampler->sample(logits);
     seq.tokens.push_back(token);
     update.new_tokens.push_back(token);
     if (metrics_) {

@@ -4,11 +4,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <random>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/runner.h"
+#include "engine/sampler.h"
 
 namespace megamoe::server {
 
@@ -25,7 +26,7 @@ struct Sequence {
   int num_computed = 0;
   std::vector<int32_t> block_table;     // KV blocks covering positions [0, num_computed + chunk)
   engine::SamplingParams params;
-  std::mt19937_64 rng;                  // per-request stream: seeded requests reproduce exactly
+  std::optional<engine::Sampler> sampler;  // own random stream: seeded requests reproduce exactly
   int max_total_tokens = 0;             // min(prompt + max_tokens, max_model_len)
   int num_preemptions = 0;
   std::chrono::steady_clock::time_point arrival;
