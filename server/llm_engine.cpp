@@ -215,6 +215,8 @@ void LLMEngine::finish(Request& request, FinishReason reason, GenerationUpdate u
   UpdateCallback callback = std::move(request.on_update);
   live_.erase(seq.id);  // destroys `request`
   --in_engine_;
+  // Stats first: whoever the callback wakes sees this sequence's blocks already free.
+  publish_stats();
   if (callback) callback(std::move(update));
 }
 
