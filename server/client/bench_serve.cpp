@@ -252,15 +252,16 @@ std::string format_bench_summary(const json& r, const BenchServeOptions& o) {
     if (std::find(o.percentile_metrics.begin(), o.percentile_metrics.end(), key) == o.percentile_metrics.end()) continue;
     s << "---------------" << title << "---------------\n";
     const std::string k = key;
-    std::snprintf(line, sizeof(line), "Mean %s (ms):", key);
-    row(line, num(r["mean_" + k + "_ms"], 2));
-    std::snprintf(line, sizeof(line), "Median %s (ms):", key);
-    row(line, num(r["median_" + k + "_ms"], 2));
+    char label[64];
+    std::snprintf(label, sizeof(label), "Mean %s (ms):", key);
+    row(label, num(r["mean_" + k + "_ms"], 2));
+    std::snprintf(label, sizeof(label), "Median %s (ms):", key);
+    row(label, num(r["median_" + k + "_ms"], 2));
     for (double p : o.metric_percentiles) {
       std::ostringstream pk;
       pk << "p" << p << "_" << k << "_ms";
-      std::snprintf(line, sizeof(line), "P%g %s (ms):", p, key);
-      row(line, num(r[pk.str()], 2));
+      std::snprintf(label, sizeof(label), "P%g %s (ms):", p, key);
+      row(label, num(r[pk.str()], 2));
     }
   }
   s << "==================================================\n";
