@@ -208,7 +208,7 @@ struct Tokenizer::Impl {
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const {
     if (text.empty()) return;
     std::string normalized = normalize_nfc ? nfc(text) : std::string(text);
-    if (add_prefix_space && !normalized.empty() && normalized[0] != ' ') normalized.insert(0, " ");
+    if (add_prefix_space && !normalized.empty() && normalized[0] != ' ') normalized = " " + normalized;
     std::vector<std::string> pieces{normalized};
     for (const auto& regex : splits) {
       std::vector<std::string> next;

@@ -14,11 +14,14 @@
 #include "server/client/gsm8k_eval.h"
 #include "server/openai_server.h"
 #include "server_fake_runner.h"
+#include "server_stream_client.h"
 
 using namespace megamoe::server;
 using megamoe::server::testing::FakeRunner;
 using megamoe::server::testing::reference_greedy;
 using json = nlohmann::json;
+using megamoe::server::testing::post_stream;
+using megamoe::server::testing::StreamResult;
 
 namespace {
 
@@ -71,53 +74,6 @@ struct ServerUnderTest {
   }
 };
 
-struct StreamResult {
-  int status = 0;
-  std::string text;
-  std::vector<int32_t> tokens;
-  std::string finish_reason;
-  json usage;
-  bool done = false;
-  int events = 0;
-};
-
-StreamResult post_stream(const ServerUnderTest& server, json body) {
-  body["stream"] = true;
-  body["stream_options"] = {{"include_usage", true}};
-  StreamResult out;
-  std::string buffer;
-  auto client = server.client();
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/completions";
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-    buffer.append(data, size);
-    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
-      std::string event = buffer.substr(0, end);
-      buffer.erase(0, end + 2);
-      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
-      event.erase(0, 6);
-      ++out.events;
-      if (event == "[DONE]") {
-        out.done = true;
-        continue;
-      }
-      const json chunk = json::parse(event);
-      if (chunk.contains("usage")) out.usage = chunk["usage"];
-      if (chunk["choices"].empty()) continue;
-      out.text += chunk["choices"][0]["text"].get<std::string>();
-      for (int32_t t : chunk["choices"][0]["token_ids"]) out.tokens.push_back(t);
-      if (chunk["choices"][0]["finish_reason"].is_string()) out.finish_reason = chunk["choices"][0]["finish_reason"];
-    }
-    return true;
-  };
-  auto res = client.send(req);
-  out.status = res ? res->status : -1;
-  return out;
-}
-
 std::vector<int32_t> random_prompt(std::mt19937_64& rng, int length) {
   std::vector<int32_t> prompt(static_cast<size_t>(length));
   for (auto& t : prompt) t = int32_t(rng() % 2045);
@@ -149,7 +105,7 @@ TEST(ServerHttp, CompletionTokensMatchGreedyAndStreamingAgrees) {
     EXPECT_EQ(reply["model"], kModel);
     EXPECT_EQ(reply["usage"]["completion_tokens"], int(expected.size()));
     EXPECT_EQ(reply["usage"]["prompt_tokens"], int(prompt.size()));
-    const StreamResult streamed = post_stream(server, body);
+    const StreamResult streamed = post_stream(server.port, body);
     EXPECT_EQ(streamed.status, 200);
     EXPECT_TRUE(streamed.done);
     EXPECT_EQ(streamed.tokens, expected);
@@ -166,7 +122,7 @@ TEST(ServerHttp, CompletionTokensMatchGreedyAndStreamingAgrees) {
   ASSERT_EQ(res->status, 200) << res->body;
   const json reply = json::parse(res->body);
   EXPECT_EQ(reply["prompt_token_ids"].get<std::vector<int32_t>>(), server.tokenizer->encode(text));
-  const StreamResult streamed = post_stream(server, body);
+  const StreamResult streamed = post_stream(server.port, body);
   EXPECT_EQ(streamed.text, reply["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(reply["choices"][0]["text"].get<std::string>().find('e'), std::string::npos);
   EXPECT_TRUE(server.drained());
@@ -330,7 +286,7 @@ TEST(ServerHttp, TwoHundredFiftySixConcurrentClientsNoFailureNoLeak) {
           }
           got = json::parse(res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
         } else {
-          const StreamResult s = post_stream(server, body);
+          const StreamResult s = post_stream(server.port, body);
           if (s.status != 200 || !s.done) {
             if (++failed <= 3) std::printf("stream failure: status %d done %d\n", s.status, int(s.done));
             continue;

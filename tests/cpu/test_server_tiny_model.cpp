@@ -12,6 +12,7 @@
 #include "server/client/bench_serve.h"
 #include "server/client/gsm8k_eval.h"
 #include "server/openai_server.h"
+#include "server_stream_client.h"
 
 using namespace megamoe::server;
 using json = nlohmann::json;
@@ -90,31 +91,8 @@ TEST_P(TinyModelServer, ServedTokensEqualEngineGreedyStreamedOrNot) {
                             reply["choices"][0]["text"].get<std::string>());
     }));
     streamed.push_back(std::async(std::launch::async, [this, body] {
-      json stream_body = body;
-      stream_body["stream"] = true;
-      httplib::Client client("127.0.0.1", server_->port());
-      client.set_read_timeout(std::chrono::seconds(120));
-      std::string buffer, text;
-      std::vector<int32_t> tokens;
-      httplib::Request req;
-      req.method = "POST";
-      req.path = "/v1/completions";
-      req.body = stream_body.dump();
-      req.set_header("Content-Type", "application/json");
-      req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-        buffer.append(data, size);
-        for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
-          const std::string event = buffer.substr(6, end - 6);
-          buffer.erase(0, end + 2);
-          if (event == "[DONE]") continue;
-          const json chunk = json::parse(event);
-          text += chunk["choices"][0]["text"].get<std::string>();
-          for (int32_t t : chunk["choices"][0]["token_ids"]) tokens.push_back(t);
-        }
-        return true;
-      };
-      auto res = client.send(req);
-      return std::make_pair(tokens, res && res->status == 200 ? text : std::string("HTTP error"));
+      const auto s = megamoe::server::testing::post_stream(server_->port(), body);
+      return std::make_pair(s.tokens, s.status == 200 && s.done ? s.text : std::string("HTTP error"));
     }));
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
