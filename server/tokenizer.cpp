@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <queue>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -169,29 +170,52 @@ struct Tokenizer::Impl {
         return;
       }
     }
-    // Byte-level symbols, one per byte of the piece.
-    std::vector<std::string> symbols;
-    symbols.reserve(piece.size());
-    for (unsigned char b : piece) symbols.push_back(byte_level().byte_to_utf8[b]);
-    // NOTES: merge the lowest-ranked adjacent pair (leftmost on ties) until none applies; this is
-    // the order HF's BPE applies merges in, so the result is the same token for token.
-    std::string key;
-    while (symbols.size() > 1) {
-      int best_rank = INT32_MAX;
-      size_t best = 0;
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-        key.assign(symbols[i]).push_back('\x01');
-        key.append(symbols[i + 1]);
-        auto found = merge_rank.find(key);
-        if (found != merge_rank.end() && found->second < best_rank) {
-          best_rank = found->second;
-          best = i;
-        }
-      }
-      if (best_rank == INT32_MAX) break;
-      symbols[best] += symbols[best + 1];
-      symbols.erase(symbols.begin() + ptrdiff_t(best) + 1);
+    // Byte-level symbols, one per byte of the piece, in a linked list.
+    const size_t n = piece.size();
+    std::vector<std::string> symbols(n);
+    std::vector<int> prev(n), next(n), version(n, 0);
+    for (size_t i = 0; i < n; ++i) {
+      symbols[i] = byte_level().byte_to_utf8[uint8_t(piece[i])];
+      prev[i] = int(i) - 1;
+      next[i] = i + 1 < n ? int(i + 1) : -1;
     }
+    // NOTES: merge the lowest-ranked adjacent pair, leftmost on ties, until none applies (the order
+    // HF's BPE applies merges in, so the result is the same token for token). A heap of candidate
+    // pairs keeps this O(n log n) on long pieces (whitespace runs); entries whose symbols changed
+    // since they were pushed are stale and skipped.
+    struct Candidate {
+      int rank, left, right, left_version, right_version;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+    std::string key;
+    auto push = [&](int left, int right) {
+      if (left < 0 || right < 0) return;
+      key.assign(symbols[size_t(left)]).push_back('\x01');
+      key.append(symbols[size_t(right)]);
+      auto found = merge_rank.find(key);
+      if (found != merge_rank.end())
+        heap.push({found->second, left, right, version[size_t(left)], version[size_t(right)]});
+    };
+    for (size_t i = 0; i + 1 < n; ++i) push(int(i), int(i + 1));
+    std::vector<bool> alive(n, true);
+    while (!heap.empty()) {
+      const Candidate c = heap.top();
+      heap.pop();
+      if (!alive[size_t(c.left)] || !alive[size_t(c.right)] || next[size_t(c.left)] != c.right ||
+          version[size_t(c.left)] != c.left_version || version[size_t(c.right)] != c.right_version)
+        continue;
+      symbols[size_t(c.left)] += symbols[size_t(c.right)];
+      ++version[size_t(c.left)];
+      alive[size_t(c.right)] = false;
+      next[size_t(c.left)] = next[size_t(c.right)];
+      if (next[size_t(c.left)] >= 0) prev[size_t(next[size_t(c.left)])] = c.left;
+      push(prev[size_t(c.left)], c.left);
+      push(c.left, next[size_t(c.left)]);
+    }
+    std::vector<std::string> merged;
+    for (int i = n ? 0 : -1; i >= 0; i = next[size_t(i)]) merged.push_back(std::move(symbols[size_t(i)]));
+    symbols = std::move(merged);
     std::vector<int32_t> ids;
     ids.reserve(symbols.size());
     for (const std::string& symbol : symbols) {
@@ -200,6 +224,7 @@ struct Tokenizer::Impl {
       ids.push_back(found->second);
     }
     out.insert(out.end(), ids.begin(), ids.end());
+    if (piece.size() > 256) return;  // long runs are rare and would bloat the cache
     std::lock_guard lock(cache_mutex);
     if (piece_cache.size() > 200000) piece_cache.clear();  // bounded memory under random prompts
     piece_cache.emplace(piece, std::move(ids));
