@@ -146,6 +146,46 @@ std::vector<int32_t> parse_eos(FieldReader& reader) {
   return ids;
 }
 
+// Pre-quantized checkpoints: FP8 with 128x128 block scales, ModelOpt NVFP4, compressed-tensors NVFP4 /
+// MXFP4. Which tensors are quantized, and how, is read from the tensors themselves (weights.cpp).
+WeightFormat parse_quantization_config(FieldReader& reader) {
+  reader.ignore("quantization_config");
+  if (!reader.has("quantization_config")) return WeightFormat::kBf16;
+  const json& q = reader.config.at("quantization_config");
+  MEGAMOE_CHECK(q.is_object(), "config.json: 'quantization_config' must be an object");
+  const json method = q.value("quant_method", json());
+  if (method == "modelopt") {
+    MEGAMOE_CHECK(q.value("quant_algo", json()) == "NVFP4", "config.json: 'quantization_config.quant_algo' = ",
+                  q.value("quant_algo", json()).dump(), " is not supported (modelopt: NVFP4)");
+    MEGAMOE_CHECK(!q.contains("group_size") || q.at("group_size") == 16,
+                  "config.json: 'quantization_config.group_size' = ", q.value("group_size", json()).dump(),
+                  " is not supported (NVFP4 groups of 16)");
+    return WeightFormat::kNvfp4;
+  }
+  if (method == "compressed-tensors") {
+    const json format = q.value("format", json());
+    if (format == "nvfp4-pack-quantized") return WeightFormat::kNvfp4;
+    if (format == "mxfp4-pack-quantized") return WeightFormat::kMxfp4;
+    MEGAMOE_FAIL("config.json: 'quantization_config.format' = ", format.dump(),
+                 " is not supported (compressed-tensors: nvfp4-pack-quantized, mxfp4-pack-quantized)");
+  }
+  MEGAMOE_CHECK(method == "fp8", "config.json: 'quantization_config.quant_method' = ", method.dump(),
+                " is not supported (fp8 with 128x128 blocks, modelopt NVFP4, compressed-tensors NVFP4/MXFP4; or a "
+                "BF16 checkpoint with --quantization)");
+  for (const auto& [key, value] : q.items()) {
+    if (key == "quant_method" || key == "modules_to_not_convert" || key == "ignored_layers") continue;
+    // Which tensors are FP8 is read from their dtype, so the two lists above need no interpretation.
+    const bool supported = (key == "weight_block_size" && value == json::array({128, 128})) ||
+                           (key == "fmt" && value == "e4m3") ||
+                           (key == "activation_scheme" && value == "dynamic");
+    MEGAMOE_CHECK(supported, "config.json: 'quantization_config.", key, "' = ", value.dump(),
+                  " is not supported (weight_block_size [128, 128], fmt e4m3, activation_scheme dynamic)");
+  }
+  MEGAMOE_CHECK(q.contains("weight_block_size"),
+                "config.json: 'quantization_config.weight_block_size' is missing (per-tensor FP8 is not supported)");
+  return WeightFormat::kFp8Block;
+}
+
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int layer) const {
@@ -257,8 +297,7 @@ ModelConfig parse_model_config(const json& config) {
   out.router.num_experts = out.num_experts;
   out.router.top_k = out.top_k;
 
-  reader.require_value_or_absent("quantization_config", nullptr,
-                                 "pre-quantized checkpoints are not supported yet; use --quantization");
+  out.checkpoint_format = parse_quantization_config(reader);
   for (const auto& [key, value] : config.items()) {
     if (value.is_null() || reader.used.count(key) || ignored_fields().count(key)) continue;
     MEGAMOE_FAIL("config.json: field '", key, "' = ", value.dump().substr(0, 80), " is not supported by the ",

@@ -27,6 +27,9 @@ struct ModelConfig {
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   DType checkpoint_dtype = DType::kBF16;  // `dtype` / `torch_dtype`; compute is fp32 regardless
+  // Format of the checkpoint's quantized linear weights (`quantization_config`): kBf16 = none;
+  // kFp8Block = DeepSeek/Qwen FP8 (quant_method "fp8", weight_block_size [128, 128]).
+  WeightFormat checkpoint_format = WeightFormat::kBf16;
   std::vector<int32_t> eos_token_ids;
 
   // Attention.

@@ -175,7 +175,7 @@ class CpuModelRunner final : public ModelRunner {
     info_.num_layers = config.num_layers;
     config_.router.validate();
 
-    const WeightFormat expert_format = expert_weight_format(options.load);
+    const WeightFormat expert_format = expert_weight_format(options.load, config);
     MoeConfig moe;
     moe.hidden = config.hidden_size;
     moe.intermediate = config.moe_intermediate_size;
@@ -359,8 +359,14 @@ class CpuModelRunner final : public ModelRunner {
 
 }  // namespace
 
-WeightFormat expert_weight_format(const LoadOptions& load) {
-  return load.quantization.value_or(WeightFormat::kBf16);
+WeightFormat expert_weight_format(const LoadOptions& load, const ModelConfig& config) {
+  // Dummy weights of a quantized model default to its format; --quantization may pick another.
+  if (load.load_format == "dummy") return load.quantization.value_or(config.checkpoint_format);
+  if (config.checkpoint_format == WeightFormat::kBf16) return load.quantization.value_or(WeightFormat::kBf16);
+  MEGAMOE_CHECK(!load.quantization || *load.quantization == config.checkpoint_format, "--quantization ",
+                weight_format_name(*load.quantization), ": the checkpoint is already quantized (",
+                weight_format_name(config.checkpoint_format), ", quantization_config); requantizing is not supported");
+  return config.checkpoint_format;
 }
 
 std::unique_ptr<ModelRunner> make_cpu_model_runner(const ModelConfig& config, const std::string& model_dir,

@@ -36,7 +36,8 @@ std::unique_ptr<ModelRunner> make_cpu_model_runner(const std::string& model_dir,
 std::unique_ptr<ModelRunner> make_cpu_model_runner(const ModelConfig& config, const std::string& model_dir,
                                                    const RunnerOptions& options);
 
-// Expert weight format of the MoE layers: the online quantization when given, else BF16.
-WeightFormat expert_weight_format(const LoadOptions& load);
+// Expert weight format of the MoE layers: a pre-quantized checkpoint's format, else the online
+// quantization when given, else BF16. Throws when --quantization asks to requantize a quantized checkpoint.
+WeightFormat expert_weight_format(const LoadOptions& load, const ModelConfig& config);
 
 }  // namespace megamoe::engine

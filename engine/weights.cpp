@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "engine/safetensors.h"
+#include "megamoe/checkpoint.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 
@@ -61,9 +62,15 @@ class CheckpointSource final : public WeightSource {
   CheckpointSource(const ModelConfig& config, const std::string& model_dir)
       : config_(config), checkpoint_(model_dir) {}
 
-  bool has(const std::string& name) const override { return checkpoint_.has(name); }
+  bool has(const std::string& name) const override {
+    return checkpoint_.has(name) || checkpoint_.has(base_of(name) + ".weight_packed");
+  }
 
   std::vector<float> dense(const std::string& name, const std::vector<int64_t>& shape) const override {
+    if (auto quantized = quantized_linear(base_of(name))) {
+      check_shape(*quantized, name, shape[0], shape[1]);
+      return formats::dequantize(*quantized);  // pre-quantized checkpoint: dense layers run in fp32
+    }
     return checkpoint_.read_f32(name, shape);
   }
 
@@ -75,16 +82,37 @@ class CheckpointSource final : public WeightSource {
     // Mixtral: w1 = gate, w3 = up, w2 = down).
     if (checkpoint_.has(moe + "experts.gate_up_proj")) {
       const TensorRecord& gate_up = checked(moe + "experts.gate_up_proj", {E, 2 * I, H});
+      MEGAMOE_CHECK(gate_up.dtype != DType::kFP8E4M3, "tensor '", gate_up.name, "' in ", gate_up.file,
+                    ": fused FP8 expert tensors are not supported (per-expert FP8 keys are)");
       const TensorRecord& down = checked(moe + "experts.down_proj", {E, H, I});
       weights.w13 = build_matrix({{&gate_up, expert * 2 * I * H, 2 * I * H}}, 2 * I, H, format);
       weights.w2 = build_matrix({{&down, expert * H * I, H * I}}, H, I, format);
       return weights;
     }
     const std::string e = moe + "experts." + std::to_string(expert) + ".";
-    const bool mixtral_names = checkpoint_.has(e + "w1.weight");
-    const TensorRecord& gate = checked(e + (mixtral_names ? "w1.weight" : "gate_proj.weight"), {I, H});
-    const TensorRecord& up = checked(e + (mixtral_names ? "w3.weight" : "up_proj.weight"), {I, H});
-    const TensorRecord& down = checked(e + (mixtral_names ? "w2.weight" : "down_proj.weight"), {H, I});
+    const bool mixtral_names = has(e + "w1.weight");
+    const std::string gate_base = e + (mixtral_names ? "w1" : "gate_proj");
+    const std::string up_base = e + (mixtral_names ? "w3" : "up_proj");
+    const std::string down_base = e + (mixtral_names ? "w2" : "down_proj");
+    if (auto gate_q = quantized_linear(gate_base)) {
+      // Pre-quantized experts move to the backend unchanged (no requantization).
+      MEGAMOE_CHECK(gate_q->format == format, "tensor '", gate_base, "' in ", checkpoint_.dir(), " is ",
+                    weight_format_name(gate_q->format), "-quantized; it cannot be loaded as ",
+                    weight_format_name(format));
+      auto up_q = quantized_linear(up_base);
+      auto down_q = quantized_linear(down_base);
+      MEGAMOE_CHECK(up_q && down_q && up_q->format == format && down_q->format == format, "expert ", expert,
+                    " of layer ", layer, ": gate, up and down must be quantized alike (", gate_base, ")");
+      check_shape(*gate_q, gate_base, I, H);
+      check_shape(*up_q, up_base, I, H);
+      check_shape(*down_q, down_base, H, I);
+      weights.w13 = formats::fuse_w13(*gate_q, *up_q);
+      weights.w2 = std::move(*down_q);
+      return weights;
+    }
+    const TensorRecord& gate = checked(gate_base + ".weight", {I, H});
+    const TensorRecord& up = checked(up_base + ".weight", {I, H});
+    const TensorRecord& down = checked(down_base + ".weight", {H, I});
     weights.w13 = build_matrix({{&gate, 0, I * H}, {&up, 0, I * H}}, 2 * I, H, format);
     weights.w2 = build_matrix({{&down, 0, H * I}}, H, I, format);
     return weights;
@@ -95,6 +123,53 @@ class CheckpointSource final : public WeightSource {
   std::string moe_prefix(int layer) const {
     const std::string block_sparse = layer_prefix(layer) + "block_sparse_moe.";
     return checkpoint_.has(block_sparse + "gate.weight") ? block_sparse : layer_prefix(layer) + "mlp.";
+  }
+  static std::string base_of(const std::string& name) {
+    constexpr std::string_view suffix = ".weight";
+    return name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name;
+  }
+
+  // A checkpoint tensor as formats::RawTensor; `f32` holds F32 / BF16 / F16 scales converted to F32.
+  formats::RawTensor raw(const std::string& name, std::vector<float>* f32 = nullptr) const {
+    const TensorRecord& record = checkpoint_.get(name);
+    if (f32 == nullptr || record.dtype == DType::kF32) {
+      return formats::RawTensor{record.dtype, record.shape, record.data, record.name + " in " + record.file};
+    }
+    f32->resize(static_cast<size_t>(record.numel()));
+    convert_to_f32(record, 0, record.numel(), f32->data());
+    return formats::RawTensor{DType::kF32, record.shape, f32->data(), record.name + " in " + record.file};
+  }
+
+  // Linear layer `base` (`<base>.weight` or `<base>.weight_packed` + scales) in the canonical form when
+  // the checkpoint stores it quantized, by the tensors present (docs/formats.md, checkpoint conventions):
+  //   FP8 block (DeepSeek / Qwen3-FP8): weight E4M3 + weight_scale_inv
+  //   NVFP4 ModelOpt:                   weight U8 + weight_scale E4M3 + weight_scale_2
+  //   NVFP4 compressed-tensors:         weight_packed + weight_scale E4M3 + weight_global_scale
+  //   MXFP4 compressed-tensors:         weight_packed + weight_scale E8M0 / U8
+  // nullopt for a plain BF16 / F16 / F32 weight.
+  std::optional<formats::QuantizedMatrix> quantized_linear(const std::string& base) const {
+    const std::string weight = base + ".weight";
+    std::vector<float> scale_f32;
+    if (checkpoint_.has(weight) && checkpoint_.get(weight).dtype == DType::kFP8E4M3) {
+      return formats::from_deepseek_fp8(raw(weight), raw(weight + "_scale_inv", &scale_f32));
+    }
+    if (checkpoint_.has(weight + "_scale_2")) {
+      return formats::from_modelopt_nvfp4(raw(weight), raw(weight + "_scale"), raw(weight + "_scale_2", &scale_f32));
+    }
+    if (checkpoint_.has(base + ".weight_packed")) {
+      if (checkpoint_.has(base + ".weight_global_scale")) {
+        return formats::from_compressed_tensors_nvfp4(raw(base + ".weight_packed"), raw(base + ".weight_scale"),
+                                                      raw(base + ".weight_global_scale", &scale_f32));
+      }
+      return formats::from_mxfp4(raw(base + ".weight_packed"), raw(base + ".weight_scale"));
+    }
+    return std::nullopt;
+  }
+
+  static void check_shape(const formats::QuantizedMatrix& matrix, const std::string& name, int64_t rows,
+                          int64_t cols) {
+    MEGAMOE_CHECK(matrix.rows == rows && matrix.cols == cols, "quantized tensor '", name, "': shape [", matrix.rows,
+                  ", ", matrix.cols, "] but the config needs [", rows, ", ", cols, "]");
   }
   const TensorRecord& checked(const std::string& name, const std::vector<int64_t>& shape) const {
     const TensorRecord& record = checkpoint_.get(name);
@@ -182,16 +257,18 @@ class DummySource final : public WeightSource {
 
 class ProgressBar {
  public:
-  ProgressBar(bool enabled, int64_t total) : enabled_(enabled), total_(total), start_(clock::now()) {}
+  ProgressBar(bool enabled, int64_t total)
+      : enabled_(enabled), interactive_(::isatty(STDERR_FILENO) == 1), total_(total), start_(clock::now()) {}
+  // Redraws at most every 100 ms on a terminal; a log file gets the final line only.
   void advance(int64_t done) {
     if (!enabled_) return;
     const auto now = clock::now();
-    if (done < total_ && now - last_ < std::chrono::milliseconds(100)) return;
+    if (done < total_ && (!interactive_ || now - last_ < std::chrono::milliseconds(100))) return;
     last_ = now;
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(kWidth * done / std::max<int64_t>(total_, 1));
     const double seconds = std::chrono::duration<double>(now - start_).count();
-    std::fprintf(stderr, "\rLoading weights [%.*s%*s] %lld/%lld layers %.1fs", filled,
+    std::fprintf(stderr, "%sLoading weights [%.*s%*s] %lld/%lld layers %.1fs", interactive_ ? "\r" : "", filled,
                  "##############################", kWidth - filled, "", static_cast<long long>(done),
                  static_cast<long long>(total_), seconds);
     if (done >= total_) std::fprintf(stderr, "\n");
@@ -200,7 +277,7 @@ class ProgressBar {
 
  private:
   using clock = std::chrono::steady_clock;
-  bool enabled_;
+  bool enabled_, interactive_;
   int64_t total_;
   clock::time_point start_, last_{};
 };

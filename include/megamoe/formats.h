@@ -67,6 +67,8 @@ struct Fp8Activations {
 Fp8Activations quantize_fp8_activations(const float* x, int64_t rows, int64_t cols);
 // value = fp32(e4m3(q) * scale), the product formed in FP64 and rounded once.
 std::vector<float> dequantize_fp8_activations(const Fp8Activations& q);
+// The same values unrounded (exact): for fp64 oracles.
+std::vector<double> dequantize_fp8_activations_f64(const Fp8Activations& q);
 int64_t fp8_activation_groups(int64_t cols);  // ceil(cols / 128)
 
 // ---- canonical weight matrix of one expert --------------------------------------------------------
@@ -109,6 +111,9 @@ struct QuantizedMatrix {
 // The products are computed in FP64 and are exact (at most 4+4+24 significant bits), then rounded
 // to FP32 (documented for NVFP4, where the global scale may make the product inexact).
 std::vector<float> dequantize(const QuantizedMatrix& matrix);
+// The exact FP64 products, not rounded to FP32 (fp64 oracles; differs from dequantize only where the
+// product needs more than 24 significant bits, e.g. an NVFP4 global that is not a power of two).
+std::vector<double> dequantize_f64(const QuantizedMatrix& matrix);
 
 // Online quantization of a dense FP32 matrix (used by --quantization and by tests).
 //   kFp8Block: scale = amax(block)/448 (floor kFp8ScaleEps), q = e4m3(w / scale).

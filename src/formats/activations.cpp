@@ -35,23 +35,31 @@ Fp8Activations quantize_fp8_activations(const float* x, int64_t rows, int64_t co
   return q;
 }
 
-std::vector<float> dequantize_fp8_activations(const Fp8Activations& q) {
+namespace {
+template <typename Out>
+std::vector<Out> dequantize_activations_as(const Fp8Activations& q) {
   const int64_t groups = fp8_activation_groups(q.cols);
   MEGAMOE_CHECK(q.rows >= 0 && q.cols >= 0, "activation shape [", q.rows, ", ", q.cols, "] must be non-negative");
   MEGAMOE_CHECK(static_cast<int64_t>(q.values.size()) == q.rows * q.cols, "Fp8Activations.values has ",
                 q.values.size(), " elements, expected rows*cols = ", q.rows * q.cols);
   MEGAMOE_CHECK(static_cast<int64_t>(q.scales.size()) == q.rows * groups, "Fp8Activations.scales has ",
                 q.scales.size(), " elements, expected rows*ceil(cols/128) = ", q.rows * groups);
-  std::vector<float> out(q.values.size());
+  std::vector<Out> out(q.values.size());
   for (int64_t r = 0; r < q.rows; ++r) {
     for (int64_t c = 0; c < q.cols; ++c) {
-      // E4M3 (4 significant bits) times an FP32 scale is exact in FP64; one rounding to FP32.
+      // E4M3 (4 significant bits) times an FP32 scale is exact in FP64.
       const double value = static_cast<double>(e4m3_to_f32(q.values[static_cast<size_t>(r * q.cols + c)])) *
                            q.scales[static_cast<size_t>(r * groups + c / kFp8BlockSize)];
-      out[static_cast<size_t>(r * q.cols + c)] = static_cast<float>(value);
+      out[static_cast<size_t>(r * q.cols + c)] = static_cast<Out>(value);
     }
   }
   return out;
+}
+}  // namespace
+
+std::vector<float> dequantize_fp8_activations(const Fp8Activations& q) { return dequantize_activations_as<float>(q); }
+std::vector<double> dequantize_fp8_activations_f64(const Fp8Activations& q) {
+  return dequantize_activations_as<double>(q);
 }
 
 }  // namespace megamoe::formats

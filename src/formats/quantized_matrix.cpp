@@ -113,9 +113,13 @@ uint8_t QuantizedMatrix::fp4_code(int64_t r, int64_t c) const {
   return (c & 1) ? static_cast<uint8_t>(byte >> 4) : static_cast<uint8_t>(byte & 0x0F);
 }
 
-std::vector<float> dequantize(const QuantizedMatrix& m) {
+namespace {
+// The exact value of every element in FP64 (every product has at most 4 + 4 + 24 significant bits),
+// then converted to Out (one rounding for float, none for double).
+template <typename Out>
+std::vector<Out> dequantize_as(const QuantizedMatrix& m) {
   m.validate();
-  std::vector<float> out(static_cast<size_t>(m.rows * m.cols));
+  std::vector<Out> out(static_cast<size_t>(m.rows * m.cols));
   const int64_t block_cols = ceil_div(m.cols, kFp8BlockSize);
   for (int64_t r = 0; r < m.rows; ++r) {
     for (int64_t c = 0; c < m.cols; ++c) {
@@ -139,11 +143,15 @@ std::vector<float> dequantize(const QuantizedMatrix& m) {
                   ue8m0_to_f32(m.group_scales[static_cast<size_t>(r * (m.cols / kMxfp4GroupSize) + c / kMxfp4GroupSize)]);
           break;
       }
-      out[i] = static_cast<float>(value);
+      out[i] = static_cast<Out>(value);
     }
   }
   return out;
 }
+}  // namespace
+
+std::vector<float> dequantize(const QuantizedMatrix& m) { return dequantize_as<float>(m); }
+std::vector<double> dequantize_f64(const QuantizedMatrix& m) { return dequantize_as<double>(m); }
 
 QuantizedMatrix quantize(const float* w, int64_t rows, int64_t cols, WeightFormat format) {
   check_quantize_args(w, rows, cols);

@@ -12,6 +12,7 @@
 
 #include "engine/model.h"
 #include "engine/safetensors.h"
+#include "cpu/engine_test_util.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 
@@ -22,31 +23,10 @@ using nlohmann::json;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/" + name; }
+using megamoe::engine::testing::fixture;
 
-struct RawTensor {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-
-// Writes a safetensors file; `edit` may change the header JSON before it is written.
-void write_safetensors(const std::string& path, const std::vector<RawTensor>& tensors,
-                       const std::function<void(json&)>& edit = nullptr) {
-  json header = json::object();
-  uint64_t offset = 0;
-  for (const auto& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
-  }
-  if (edit) edit(header);
-  const std::string text = header.dump();
-  std::ofstream out(path, std::ios::binary);
-  const uint64_t length = text.size();
-  for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xFF));
-  out << text;
-  for (const auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
-}
+using megamoe::engine::testing::write_safetensors;
+using RawTensor = megamoe::engine::testing::RawSafetensor;
 
 std::vector<RawTensor> read_all(const std::string& path) {
   SafetensorsFile file(path);

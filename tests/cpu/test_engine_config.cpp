@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/config.h"
+#include "cpu/engine_test_util.h"
 #include "megamoe/error.h"
 
 using namespace megamoe;
@@ -12,7 +13,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/" + name; }
+using megamoe::engine::testing::fixture;
 
 // Expects parse_model_config(config) to throw an Error whose message contains every `needle`.
 void expect_rejected(const json& config, std::initializer_list<std::string> needles) {
@@ -109,7 +110,24 @@ TEST(EngineConfig, UnsupportedFieldsAndValuesAreRejectedByName) {
   c = qwen_v5(); c["use_sliding_window"] = true;            expect_rejected(c, {"use_sliding_window"});
   c = qwen_v5(); c["attention_bias"] = true;                expect_rejected(c, {"attention_bias"});
   c = qwen_v5(); c["hidden_act"] = "gelu";                  expect_rejected(c, {"hidden_act", "gelu"});
-  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "fp8"}}; expect_rejected(c, {"quantization_config"});
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "gptq"}};
+  expect_rejected(c, {"quantization_config.quant_method", "gptq"});
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "fp8"}};
+  expect_rejected(c, {"quantization_config.weight_block_size", "missing"});
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}};
+  expect_rejected(c, {"quantization_config.weight_block_size", "[64,64]"});
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}},
+                                             {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}};
+  EXPECT_EQ(parse_model_config(c).checkpoint_format, WeightFormat::kFp8Block);
+  EXPECT_EQ(parse_model_config(qwen_v5()).checkpoint_format, WeightFormat::kBf16);
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "modelopt"}, {"quant_algo", "NVFP4"}};
+  EXPECT_EQ(parse_model_config(c).checkpoint_format, WeightFormat::kNvfp4);
+  c["quantization_config"]["quant_algo"] = "FP8";
+  expect_rejected(c, {"quantization_config.quant_algo", "FP8"});
+  c = qwen_v5(); c["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"}};
+  EXPECT_EQ(parse_model_config(c).checkpoint_format, WeightFormat::kMxfp4);
+  c["quantization_config"]["format"] = "pack-quantized";
+  expect_rejected(c, {"quantization_config.format", "pack-quantized"});
   c = qwen_v5(); c["shared_expert_intermediate_size"] = 128; expect_rejected(c, {"shared_expert_intermediate_size"});
   c = qwen_v5(); c["num_key_value_heads"] = 3;              expect_rejected(c, {"num_key_value_heads", "3"});
   c = qwen_v5(); c["num_experts_per_tok"] = 9;              expect_rejected(c, {"num_experts_per_tok", "9"});

@@ -9,6 +9,7 @@
 #include "engine/config.h"
 #include "engine/generate.h"
 #include "engine/model.h"
+#include "cpu/engine_test_util.h"
 #include "megamoe/error.h"
 
 using namespace megamoe;
@@ -16,7 +17,7 @@ using namespace megamoe::engine;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/" + name; }
+using megamoe::engine::testing::fixture;
 
 RunnerOptions quiet_options() {
   RunnerOptions options;
@@ -26,22 +27,7 @@ RunnerOptions quiet_options() {
   return options;
 }
 
-struct Compare {
-  double rel_l2 = 0, max_abs = 0, ref_max = 0;
-};
-Compare compare(const std::vector<float>& got, const std::vector<float>& want) {
-  Compare c;
-  double diff_sq = 0, ref_sq = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    diff_sq += d * d;
-    ref_sq += static_cast<double>(want[i]) * want[i];
-    c.max_abs = std::max(c.max_abs, std::abs(d));
-    c.ref_max = std::max(c.ref_max, std::abs(static_cast<double>(want[i])));
-  }
-  c.rel_l2 = std::sqrt(diff_sq / ref_sq);
-  return c;
-}
+using megamoe::engine::testing::compare;
 
 std::vector<float> prefill_logits(ModelRunner& runner, const std::vector<int32_t>& prompt, int first_block = 0) {
   StepBatch batch;
@@ -63,7 +49,7 @@ TEST_P(TinyModel, LastLogitsMatchTransformersFp32) {
     const auto want = prompt.at("last_logits").get<std::vector<float>>();
     const std::vector<float> got = prefill_logits(*runner, ids);
     ASSERT_EQ(got.size(), want.size());
-    const Compare c = compare(got, want);
+    const auto c = compare(got, want);
     SCOPED_TRACE(prompt.at("text").get<std::string>());
     std::printf("[%s] %zu tokens: rel_l2 %.3g, max |diff| %.3g (max |ref| %.3g)\n", GetParam().c_str(), ids.size(),
                 c.rel_l2, c.max_abs, c.ref_max);

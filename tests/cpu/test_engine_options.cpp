@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/model.h"
+#include "cpu/engine_test_util.h"
 #include "megamoe/error.h"
 
 using namespace megamoe;
@@ -14,7 +15,7 @@ using namespace megamoe::engine;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/" + name; }
+using megamoe::engine::testing::fixture;
 
 #define EXPECT_CONTAINS(text, needle) EXPECT_NE(std::string(text).find(needle), std::string::npos) << (text)
 
@@ -39,12 +40,7 @@ RunnerOptions dummy_options(uint64_t seed, const std::string& overrides = "") {
 }
 
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
-  double d = 0, r = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    d += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    r += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(d / r);
+  return megamoe::engine::testing::compare(a, b).rel_l2;
 }
 
 TEST(EngineOptions, DummyWeightsAreSeededAndNeedOnlyTheConfig) {
@@ -154,7 +150,9 @@ TEST(EngineOptions, StepRejectsBadBatches) {
   expect_error(b, "start_position = -1");
   b.chunks = {chunk(0, {1}, 4096, {0})};
   expect_error(b, "max_position_embeddings");
-  // A shared, read-only prefix block is fine.
+  // An empty step (an EP rank with no work still steps through every MoE layer) and a shared,
+  // read-only prefix block are fine.
+  EXPECT_TRUE(runner->step(StepBatch{}).logits.empty());
   b.chunks = {chunk(0, {1}, bs, {0, 1}), chunk(1, {2}, bs, {0, 2})};
   EXPECT_EQ(runner->step(b).logits.size(), 2u);
 }

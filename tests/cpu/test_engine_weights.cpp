@@ -10,6 +10,7 @@
 #include "engine/config.h"
 #include "engine/safetensors.h"
 #include "engine/weights.h"
+#include "cpu/engine_test_util.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 
@@ -18,7 +19,7 @@ using namespace megamoe::engine;
 
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/" + name; }
+using megamoe::engine::testing::fixture;
 
 std::vector<uint8_t> raw_bytes(const TensorRecord& record, int64_t first, int64_t count) {
   return std::vector<uint8_t>(record.data + first * 2, record.data + (first + count) * 2);

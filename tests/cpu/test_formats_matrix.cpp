@@ -75,13 +75,16 @@ TEST(FormatsMatrix, Nvfp4EveryCodeTimesEveryE4M3ScaleIsTheFp64Product) {
       for (int c = 0; c < 16; ++c) set_nibble(m.data, 8, r, c, c);
     }
     const std::vector<float> out = dequantize(m);
+    const std::vector<double> exact = dequantize_f64(m);
     for (int r = 0; r < 256; ++r) {
       for (int c = 0; c < 16; ++c) {
         const double expect = e2m1_value(c) * e4m3_value(r) * global;
         const float got = out[r * 16 + c];
         if (std::isnan(expect)) {
           EXPECT_TRUE(std::isnan(got)) << "scale byte " << r << " code " << c;
+          EXPECT_TRUE(std::isnan(exact[r * 16 + c]));
         } else {
+          EXPECT_EQ(exact[r * 16 + c], expect) << "fp64: no rounding at all";
           EXPECT_EQ(got, static_cast<float>(expect)) << "scale byte " << r << " code " << c;
           if (global == 1.0f) {
             EXPECT_EQ(static_cast<double>(got), expect) << "exact without a global";
@@ -410,6 +413,11 @@ TEST(FormatsActivations, FormulaAndErrorBoundOnRandomData) {
       }
     }
   EXPECT_EQ(q.scales[5 * 6 + 1], 1e-10f / 448.0f);
+  const std::vector<double> exact = dequantize_fp8_activations_f64(q);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    ASSERT_EQ(exact[i], e4m3_value(q.values[i]) * double(q.scales[(i / cols) * 6 + (i % cols) / 128]));
+    ASSERT_EQ(static_cast<float>(exact[i]), d[i]);
+  }
   EXPECT_LT(rel_l2(x, d), 0.04);
   EXPECT_GT(rel_l2(x, d), 0.0);
 }
