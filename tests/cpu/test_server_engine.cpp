@@ -9,6 +9,7 @@
 
 #include "server/block_manager.h"
 #include "server/llm_engine.h"
+#include "server/scheduler.h"
 #include "server_fake_runner.h"
 
 using namespace megamoe::server;
@@ -236,4 +237,64 @@ TEST(ServerEngine, RejectsBadRequestsAndOverload) {
   EXPECT_EQ(b.result->reason, FinishReason::kLength);
   const EngineStats stats = drained_stats(engine);
   EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total);
+}
+
+TEST(ServerScheduler, ChunksPrefillCapsSeqsAndPreemptsTheNewest) {
+  KvBlockManager blocks(6, 4);  // 24 token slots
+  Scheduler scheduler(SchedulerLimits{2, 10}, blocks);
+  auto make = [](int64_t id, int prompt_len) {
+    auto seq = std::make_shared<Sequence>();
+    seq->id = id;
+    seq->tokens.assign(static_cast<size_t>(prompt_len), int32_t(id));
+    seq->num_prompt_tokens = prompt_len;
+    seq->params.max_tokens = 100;
+    return seq;
+  };
+  auto a = make(1, 13), b = make(2, 3), c = make(3, 2);
+  scheduler.add(a);
+  scheduler.add(b);
+  scheduler.add(c);
+  // Step 1: a's first 10-token chunk uses the whole budget; no logits yet.
+  ScheduledStep step = scheduler.schedule();
+  ASSERT_EQ(step.sequences.size(), 1u);
+  EXPECT_EQ(step.batch.chunks[0].tokens.size(), 10u);
+  EXPECT_EQ(step.batch.chunks[0].start_position, 0);
+  EXPECT_FALSE(step.batch.chunks[0].want_logits);
+  EXPECT_EQ(step.batch.chunks[0].block_table.size(), 3u);
+  scheduler.mark_computed(step);
+  // Step 2: a's last 3 tokens (logits wanted), then b admitted whole; c waits (max_num_seqs = 2).
+  step = scheduler.schedule();
+  ASSERT_EQ(step.sequences.size(), 2u);
+  EXPECT_EQ(step.batch.chunks[0].start_position, 10);
+  EXPECT_EQ(step.batch.chunks[0].tokens.size(), 3u);
+  EXPECT_TRUE(step.batch.chunks[0].want_logits);
+  EXPECT_EQ(step.sequences[1]->id, 2);
+  EXPECT_EQ(scheduler.num_waiting(), 1);
+  scheduler.mark_computed(step);
+  EXPECT_EQ(blocks.num_free(), 6 - 4 - 1);
+  // Decodes grow a past 16 tokens and b past 4 until the 6 blocks run out: b (newest) is preempted,
+  // its blocks freed and it waits at the front, ahead of c.
+  int64_t preempted_before = scheduler.num_preemptions();
+  for (int i = 0; i < 8 && scheduler.num_preemptions() == preempted_before; ++i) {
+    a->tokens.push_back(7);
+    if (scheduler.num_running() == 2) b->tokens.push_back(7);
+    step = scheduler.schedule();
+    scheduler.mark_computed(step);
+  }
+  EXPECT_EQ(scheduler.num_preemptions(), preempted_before + 1);
+  EXPECT_EQ(b->num_computed, 0);
+  EXPECT_TRUE(b->block_table.empty());
+  EXPECT_EQ(scheduler.num_running(), 1);
+  EXPECT_EQ(scheduler.num_waiting(), 2);
+  EXPECT_TRUE(scheduler.remove(1));
+  EXPECT_EQ(blocks.num_free(), 6);
+  step = scheduler.schedule();  // b comes back first, recomputing prompt + its output so far
+  ASSERT_FALSE(step.empty());
+  EXPECT_EQ(step.sequences[0]->id, 2);
+  EXPECT_EQ(step.batch.chunks[0].start_position, 0);
+  EXPECT_EQ(int(step.batch.chunks[0].tokens.size()), b->num_tokens());
+  EXPECT_TRUE(scheduler.remove(2));
+  EXPECT_TRUE(scheduler.remove(3));
+  EXPECT_FALSE(scheduler.remove(3));
+  EXPECT_EQ(blocks.num_free(), 6);
 }
