@@ -214,14 +214,16 @@ void OpenAIServer::install_routes() {
 
     auto stopping = stopping_;
     auto done = std::make_shared<bool>(false);
+    auto last_write = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
     LLMEngine* engine = &engine_;
     ServerMetrics* metrics = &metrics_;
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [request, channel, result, stopping, done, engine, metrics, id](size_t, httplib::DataSink& sink) {
+        [request, channel, result, stopping, done, last_write, engine, metrics, id](size_t, httplib::DataSink& sink) {
           auto send = [&](const json& event) {
             const std::string line = "data: " + event.dump() + "\n\n";
+            *last_write = std::chrono::steady_clock::now();
             return sink.write(line.data(), line.size());
           };
           for (GenerationUpdate& u : channel->take(std::chrono::milliseconds(200))) {
@@ -256,6 +258,16 @@ void OpenAIServer::install_routes() {
           if (stopping->load()) {
             engine->abort(id);
             return false;
+          }
+          // NOTES: a request still queued writes nothing, so a client that left would go unnoticed;
+          // an SSE comment after a second of silence finds out (clients ignore ':' lines).
+          if (std::chrono::steady_clock::now() - *last_write > std::chrono::seconds(1)) {
+            static const std::string kKeepAlive = ":\n\n";
+            *last_write = std::chrono::steady_clock::now();
+            if (!sink.write(kKeepAlive.data(), kKeepAlive.size())) {
+              engine->abort(id);
+              return false;
+            }
           }
           return true;
         },

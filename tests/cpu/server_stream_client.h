@@ -20,6 +20,7 @@ struct StreamResult {
   std::string finish_reason;
   json usage;
   bool done = false;
+  std::string error;  // from an error event
   int events = 0;
 };
 
@@ -40,6 +41,7 @@ inline StreamResult post_stream(int port, json body) {
     for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
       std::string event = buffer.substr(0, end);
       buffer.erase(0, end + 2);
+      if (!event.empty() && event[0] == ':') continue;  // SSE comment (keep-alive)
       EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
       event.erase(0, 6);
       ++out.events;
@@ -48,10 +50,16 @@ inline StreamResult post_stream(int port, json body) {
         continue;
       }
       const json chunk = json::parse(event);
+      if (chunk.contains("error")) {  // the server ended the stream (abort, error)
+        out.error = chunk["error"].value("message", "");
+        continue;
+      }
       if (chunk.contains("usage")) out.usage = chunk["usage"];
       if (chunk["choices"].empty()) continue;
       out.text += chunk["choices"][0]["text"].get<std::string>();
-      for (int32_t t : chunk["choices"][0]["token_ids"]) out.tokens.push_back(t);
+      const json& choice = chunk["choices"][0];
+      if (choice.contains("token_ids"))
+        for (int32_t t : choice["token_ids"]) out.tokens.push_back(t);
       if (chunk["choices"][0]["finish_reason"].is_string()) out.finish_reason = chunk["choices"][0]["finish_reason"];
     }
     return true;

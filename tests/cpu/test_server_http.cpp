@@ -256,6 +256,41 @@ TEST(ServerHttp, ClientDisconnectMidStreamFreesItsSequence) {
   EXPECT_EQ(health->status, 200);
 }
 
+TEST(ServerHttp, ClientThatLeavesWhileQueuedIsDroppedBeforeItRuns) {
+  EngineOptions options;
+  options.max_num_seqs = 1;  // one running sequence; the second request has to wait
+  ServerUnderTest server(options, 1, 512, std::chrono::milliseconds(5));
+  // A: a long stream holding the only slot (1000 tokens >= 5 s).
+  std::atomic<bool> a_done{false};
+  std::thread a([&] {
+    post_stream(server.port, json{{"prompt", {1, 2}}, {"max_tokens", 1000}, {"ignore_eos", true}});
+    a_done = true;
+  });
+  const auto wait_until = [](auto condition, std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!condition() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return condition();
+  };
+  ASSERT_TRUE(wait_until([&] { return server.engine->stats().running == 1; }, std::chrono::seconds(5)));
+  // B: queued behind A; its client gives up after 300 ms without having seen a byte.
+  {
+    httplib::Client client("127.0.0.1", server.port);
+    client.set_read_timeout(std::chrono::milliseconds(300));
+    auto res = client.Post("/v1/completions",
+                           json{{"prompt", {3, 4}}, {"max_tokens", 5}, {"stream", true}}.dump(), "application/json");
+    EXPECT_FALSE(res) << "B should still be queued";
+  }
+  // The keep-alive comment finds the closed socket: B is aborted while A still runs.
+  EXPECT_TRUE(wait_until([&] { return server.metrics.requests_aborted.load() == 1; }, std::chrono::seconds(4)));
+  const EngineStats stats = server.engine->stats();
+  EXPECT_EQ(stats.waiting, 0);
+  EXPECT_FALSE(a_done.load()) << "A finished before B was dropped: the test proves nothing";
+  server.engine->abort(1);  // end A early (it is request 1): a server-side abort ends its stream
+  a.join();
+  EXPECT_TRUE(server.drained());
+}
+
 TEST(ServerHttp, TwoHundredFiftySixConcurrentClientsNoFailureNoLeak) {
   EngineOptions options;
   options.max_num_seqs = 64;
