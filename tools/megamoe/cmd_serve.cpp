@@ -66,6 +66,7 @@ int run(const ServeFlags& f) {
   engine_options.max_model_len = f.max_model_len;
   engine_options.max_queued_requests = f.max_queued_requests;
   engine_options.seed = runner_options.load.seed;
+  engine_options.lockstep_ranks = f.enable_expert_parallel;  // EP: every rank joins every forward
   megamoe::server::ServerMetrics metrics;
   megamoe::server::LLMEngine engine(std::move(runners), tokenizer, engine_options, &metrics);
 
