@@ -260,10 +260,10 @@ TEST(ServerHttp, ClientThatLeavesWhileQueuedIsDroppedBeforeItRuns) {
   EngineOptions options;
   options.max_num_seqs = 1;  // one running sequence; the second request has to wait
   ServerUnderTest server(options, 1, 512, std::chrono::milliseconds(5));
-  // A: a long stream holding the only slot (1000 tokens >= 5 s).
+  // A: a long stream holding the only slot (2000 tokens >= 10 s).
   std::atomic<bool> a_done{false};
   std::thread a([&] {
-    post_stream(server.port, json{{"prompt", {1, 2}}, {"max_tokens", 1000}, {"ignore_eos", true}});
+    post_stream(server.port, json{{"prompt", {1, 2}}, {"max_tokens", 2000}, {"ignore_eos", true}});
     a_done = true;
   });
   const auto wait_until = [](auto condition, std::chrono::seconds limit) {
@@ -281,8 +281,8 @@ TEST(ServerHttp, ClientThatLeavesWhileQueuedIsDroppedBeforeItRuns) {
                            json{{"prompt", {3, 4}}, {"max_tokens", 5}, {"stream", true}}.dump(), "application/json");
     EXPECT_FALSE(res) << "B should still be queued";
   }
-  // The keep-alive comment finds the closed socket: B is aborted while A still runs.
-  EXPECT_TRUE(wait_until([&] { return server.metrics.requests_aborted.load() == 1; }, std::chrono::seconds(4)));
+  // The keep-alive comments (one a second) find the closed socket: B is aborted while A still runs.
+  EXPECT_TRUE(wait_until([&] { return server.metrics.requests_aborted.load() == 1; }, std::chrono::seconds(8)));
   const EngineStats stats = server.engine->stats();
   EXPECT_EQ(stats.waiting, 0);
   EXPECT_FALSE(a_done.load()) << "A finished before B was dropped: the test proves nothing";
