@@ -13,9 +13,12 @@
 #include "megamoe/moe.h"
 #include "megamoe/routing.h"
 
+#include "src/backends/registry.h"
+
 #ifdef MEGAMOE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "megamoe/ep.h"
 #include "megamoe/error_cuda.h"
 #endif
 
@@ -120,10 +123,17 @@ struct PreparedBackend {
   int expert_modulus = 0;  // ids are taken mod this (the pool size) for CPU backends; 0 = as is
 };
 
+// GPU backends join the EP group `ep` (null for one rank); CPU backends always run alone.
+bool backend_needs_gpu(const std::string& name) {
+  for (const auto& entry : backends::registered_backends())
+    if (entry.name == normalize_backend_name(name)) return entry.capabilities().needs_gpu;
+  return false;  // unknown: make_backend reports it
+}
+
 PreparedBackend prepare(const std::string& name, const LayerBenchOptions& o, const std::vector<ExpertWeights>& pool,
-                        int max_tokens) {
+                        int max_tokens, EpGroup* ep = nullptr) {
   PreparedBackend p;
-  p.backend = make_backend(name, layer_config(o, o.shape.experts, max_tokens), nullptr);
+  p.backend = make_backend(name, layer_config(o, o.shape.experts, max_tokens), backend_needs_gpu(name) ? ep : nullptr);
   p.on_gpu = p.backend->capabilities().needs_gpu;
   const int D = static_cast<int>(pool.size());
   if (!p.on_gpu && D < o.shape.experts) {
@@ -263,9 +273,23 @@ std::string_view routing_pattern_name(RoutingPattern pattern) {
 }
 
 std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
-  MEGAMOE_CHECK(o.ranks == 1, "--ranks ", o.ranks,
-                ": multi-rank runs need the expert-parallel runtime (one process per GPU), which is not built "
-                "yet; only --ranks 1 is supported now");
+  // --ranks N > 1: this process is one rank started by launch_ranks (cmd_bench_layer relaunches
+  // itself); GPU backends share one EpGroup, every rank runs the same tokens, rank 0 reports.
+#ifdef MEGAMOE_WITH_CUDA
+  std::unique_ptr<EpGroup> group;
+  if (o.ranks > 1) {
+    LaunchedRank lr;
+    MEGAMOE_CHECK(launched_rank_from_env(&lr) && lr.ranks == o.ranks, "--ranks ", o.ranks,
+                  ": run_layer_bench must run in a process started by launch_ranks with ", o.ranks, " ranks");
+    group = EpGroup::bootstrap(lr.rank, lr.ranks, lr.rendezvous);
+  }
+  EpGroup* const ep = group.get();
+  const bool speak = !group || group->rank() == 0;
+#else
+  MEGAMOE_CHECK(o.ranks == 1, "--ranks ", o.ranks, ": multi-rank runs need a CUDA build");
+  EpGroup* const ep = nullptr;
+  const bool speak = true;
+#endif
   MEGAMOE_CHECK(!o.backends.empty(), "--backend: give at least one backend (known: reference, staged, mega)");
   MEGAMOE_CHECK(!o.tokens.empty(), "--tokens: give at least one token count");
   for (int t : o.tokens) MEGAMOE_CHECK(t >= 0, "--tokens ", t, " must be >= 0");
@@ -284,7 +308,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
   for (uint16_t& v : hidden) v = formats::f32_to_bf16(rng.normal());
 
   std::vector<PreparedBackend> prepared;
-  for (const std::string& name : o.backends) prepared.push_back(prepare(name, o, pool, max_tokens));
+  for (const std::string& name : o.backends) prepared.push_back(prepare(name, o, pool, max_tokens, ep));
   PreparedBackend checker;
   if (o.check) checker = prepare("reference", o, pool, o.check_tokens);
 
@@ -305,7 +329,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
     }
     double first_us = 0;
     for (size_t b = 0; b < prepared.size(); ++b) {
-      if (!prepared[b].on_gpu && flop > 5e10)
+      if (speak && !prepared[b].on_gpu && flop > 5e10)
         std::printf("note: %s on the CPU at %d tokens: %.0f GFLOP per forward, expect minutes\n", o.backends[b].c_str(),
                     tokens, flop * 1e-9);
       std::vector<uint16_t> out;
@@ -336,9 +360,10 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
         // remains is accumulation order, far below this bound.
         r.check_passed = finite && r.check_rel_l2 <= 1e-2;
       }
-      std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx%s\n", r.backend.c_str(),
-                  tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
-                  r.checked ? (r.check_passed ? "  check ok" : "  CHECK FAILED") : "");
+      if (speak)
+        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx%s\n", r.backend.c_str(),
+                    tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
+                    r.checked ? (r.check_passed ? "  check ok" : "  CHECK FAILED") : "");
       std::fflush(stdout);
       results.push_back(r);
     }

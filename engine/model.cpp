@@ -56,8 +56,17 @@ struct KvCache {
   std::vector<float> k, v;
 };
 
+// One layer's attention over the packed step, owning that layer's paged KV cache. Implementations
+// are picked by ModelConfig::attention (make_attention); DeepSeek's MLA is the next one.
+class Attention {
+ public:
+  virtual ~Attention() = default;
+  // x [T, H] (normed) -> out [T, H]; writes the step's K/V into the cache first, then attends.
+  virtual void forward(const float* x, const PackedBatch& packed, float* out) = 0;
+};
+
 // Grouped-query attention with RoPE (rotate-half, default scaling) and optional per-head q/k RMSNorm.
-class GqaAttention {
+class GqaAttention final : public Attention {
  public:
   GqaAttention(const ModelConfig& config, const AttentionWeights& weights, int block_size, int num_blocks)
       : config_(config), weights_(weights), block_size_(block_size) {
@@ -71,8 +80,7 @@ class GqaAttention {
     }
   }
 
-  // x [T, H] (normed) -> out [T, H]; writes the step's K/V into the cache first, then attends.
-  void forward(const float* x, const PackedBatch& packed, float* out) {
+  void forward(const float* x, const PackedBatch& packed, float* out) override {
     const int64_t T = packed.num_tokens, H = config_.hidden_size, D = config_.head_dim;
     const int heads = config_.num_heads, kv_heads = config_.num_kv_heads, group = heads / kv_heads;
     std::vector<float> q(T * config_.q_size()), k(T * config_.kv_size()), v(T * config_.kv_size());
@@ -160,6 +168,14 @@ class GqaAttention {
   std::vector<double> inv_freq_;
 };
 
+std::unique_ptr<Attention> make_attention(const ModelConfig& config, const AttentionWeights& weights, int block_size,
+                                          int num_blocks) {
+  switch (config.attention) {
+    case AttentionKind::kGqa: return std::make_unique<GqaAttention>(config, weights, block_size, num_blocks);
+  }
+  MEGAMOE_FAIL("attention kind ", static_cast<int>(config.attention), " is not implemented");
+}
+
 class CpuModelRunner final : public ModelRunner {
  public:
   CpuModelRunner(const ModelConfig& config, const std::string& model_dir, const RunnerOptions& options)
@@ -209,8 +225,8 @@ class CpuModelRunner final : public ModelRunner {
     weights_ = load_model_weights(config_, *source, moe_layers, expert_format, options.load.progress);
     size_t next_backend = 0;
     for (int layer = 0; layer < config.num_layers; ++layer) {
-      attention_.push_back(std::make_unique<GqaAttention>(config_, weights_.layers[layer].attention,
-                                                          options.kv_block_size, options.num_kv_blocks));
+      attention_.push_back(make_attention(config_, weights_.layers[layer].attention, options.kv_block_size,
+                                          options.num_kv_blocks));
       moe_of_layer_.push_back(config.is_moe_layer(layer) ? backends_[next_backend++].get() : nullptr);
     }
     for (auto& backend : backends_) backend->warmup(nullptr);
@@ -334,7 +350,10 @@ class CpuModelRunner final : public ModelRunner {
     inputs.logits = router_logits.data();
     inputs.num_tokens = T;
     route_reference(config_.router, inputs, topk_ids.data(), topk_weights.data());
-    for (int64_t begin = 0; begin < T || (T == 0 && begin == 0); begin += options_.max_tokens_per_step) {
+    // At least one call, even with T = 0: forward() is collective across the EP group.
+    const int64_t pieces = std::max<int64_t>(1, (T + options_.max_tokens_per_step - 1) / options_.max_tokens_per_step);
+    for (int64_t piece = 0; piece < pieces; ++piece) {
+      const int64_t begin = piece * options_.max_tokens_per_step;
       const int64_t count = std::min<int64_t>(options_.max_tokens_per_step, T - begin);
       MoeInputs moe_inputs;
       moe_inputs.hidden = TensorView::make2d(x + begin * H, DType::kF32, count, H, Device::kCpu);
@@ -344,7 +363,6 @@ class CpuModelRunner final : public ModelRunner {
       MoeOutputs moe_outputs;
       moe_outputs.out = TensorView::make2d(out + begin * H, DType::kF32, count, H, Device::kCpu);
       backend.forward(moe_inputs, moe_outputs, nullptr);
-      if (T == 0) break;
     }
   }
 
@@ -354,7 +372,7 @@ class CpuModelRunner final : public ModelRunner {
   std::vector<std::unique_ptr<MoeBackend>> backends_;
   std::vector<MoeBackend*> moe_of_layer_;
   ModelWeights weights_;
-  std::vector<std::unique_ptr<GqaAttention>> attention_;
+  std::vector<std::unique_ptr<Attention>> attention_;
 };
 
 }  // namespace

@@ -2,10 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "engine/safetensors.h"
 #include "megamoe/checkpoint.h"
@@ -236,19 +239,41 @@ class DummySource final : public WeightSource {
     return matrix;
   }
 
+  // Uniform in [-sqrt(3) std, sqrt(3) std]. The tensor is cut into fixed chunks of kChunk values, each
+  // with its own splitmix64 stream keyed by (seed, name, chunk), so the values do not depend on how
+  // many threads fill them; chunks are spread over the cores (full-size dummy models have ~10^10 values).
   void fill(const std::string& name, double std, float* out, int64_t count) const {
-    uint64_t state = seed_ ^ 0x9E3779B97F4A7C15ull;
-    for (char c : name) state = (state ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;  // FNV-1a
-    const double half_width = std * std::sqrt(3.0);
-    for (int64_t i = 0; i < count; ++i) {
-      // splitmix64
-      uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-      z ^= z >> 31;
-      const double unit = static_cast<double>(z >> 11) * 0x1.0p-53;  // [0, 1)
-      out[i] = static_cast<float>((2.0 * unit - 1.0) * half_width);
+    constexpr int64_t kChunk = int64_t{1} << 18;
+    uint64_t key = seed_ ^ 0x9E3779B97F4A7C15ull;
+    for (char c : name) key = (key ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;  // FNV-1a
+    const float half_width = static_cast<float>(std * std::sqrt(3.0));
+    const int64_t chunks = (count + kChunk - 1) / kChunk;
+    auto fill_chunk = [&](int64_t chunk) {
+      uint64_t state = key + static_cast<uint64_t>(chunk) * 0xD1B54A32D192ED03ull;
+      const int64_t end = std::min(count, (chunk + 1) * kChunk);
+      for (int64_t i = chunk * kChunk; i < end; i += 2) {
+        uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        // Two 24-bit uniforms per draw, mapped to [-1, 1).
+        out[i] = (static_cast<float>(z >> 40) * 0x1.0p-23f - 1.0f) * half_width;
+        if (i + 1 < end) out[i + 1] = (static_cast<float>((z >> 8) & 0xFFFFFF) * 0x1.0p-23f - 1.0f) * half_width;
+      }
+    };
+    const int64_t threads = std::min<int64_t>({chunks, std::max(1u, std::thread::hardware_concurrency()), 32});
+    if (threads <= 1) {
+      for (int64_t chunk = 0; chunk < chunks; ++chunk) fill_chunk(chunk);
+      return;
     }
+    std::atomic<int64_t> next{0};
+    std::vector<std::thread> pool;
+    for (int64_t t = 0; t < threads; ++t) {
+      pool.emplace_back([&] {
+        for (int64_t chunk = next++; chunk < chunks; chunk = next++) fill_chunk(chunk);
+      });
+    }
+    for (auto& thread : pool) thread.join();
   }
 
   ModelConfig config_;

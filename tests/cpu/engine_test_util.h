@@ -1,6 +1,7 @@
 // Helpers shared by the engine tests (tests/cpu/test_engine_*.cpp).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "megamoe/formats.h"
 
 namespace megamoe::engine::testing {
 
@@ -57,6 +60,21 @@ inline Comparison compare(const std::vector<float>& got, const std::vector<float
   }
   c.rel_l2 = std::sqrt(diff_sq / ref_sq);
   return c;
+}
+
+// Canonical matrices equal: codes and scales bit for bit; globals within `global_rel_tol` (an
+// ulp for compressed-tensors NVFP4, which stores fp32(1/global)).
+inline void expect_same_matrix(const formats::QuantizedMatrix& got, const formats::QuantizedMatrix& want,
+                               double global_rel_tol = 0.0) {
+  EXPECT_EQ(got.format, want.format);
+  EXPECT_EQ(got.rows, want.rows);
+  EXPECT_EQ(got.cols, want.cols);
+  EXPECT_EQ(got.data, want.data);
+  EXPECT_EQ(got.block_scales, want.block_scales);
+  EXPECT_EQ(got.group_scales, want.group_scales);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NEAR(got.global_scales[i], want.global_scales[i], global_rel_tol * std::abs(want.global_scales[i]));
+  }
 }
 
 }  // namespace megamoe::engine::testing

@@ -160,6 +160,16 @@ TEST_P(TinyModel, ChunkedPrefillEqualsWholePrefill) {
   }
 }
 
+TEST_P(TinyModel, MoeStepsSplitAtMaxTokensPerStepEqualWhole) {
+  const nlohmann::json golden = read_json_file(fixture(GetParam()) + "/golden.json");
+  const auto ids = golden.at("prompts").at(0).at("token_ids").get<std::vector<int32_t>>();
+  auto whole = make_cpu_model_runner(fixture(GetParam()), quiet_options());
+  RunnerOptions options = quiet_options();
+  options.max_tokens_per_step = 5;  // 21 tokens -> MoE pieces of 5, 5, 5, 5, 1
+  auto split = make_cpu_model_runner(fixture(GetParam()), options);
+  EXPECT_EQ(prefill_logits(*split, ids), prefill_logits(*whole, ids));
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, TinyModel, ::testing::Values("tiny-qwen3-moe", "tiny-mixtral"),
                          [](const auto& info) { return info.param == "tiny-mixtral" ? "Mixtral" : "Qwen3Moe"; });
 

@@ -33,6 +33,7 @@ using megamoe::engine::testing::fixture;
 
 using megamoe::engine::testing::RawSafetensor;
 using megamoe::engine::testing::compare;
+using megamoe::engine::testing::expect_same_matrix;
 
 RawSafetensor f32_tensor(const std::string& name, const std::vector<float>& values, std::vector<int64_t> shape) {
   RawSafetensor t{name, "F32", std::move(shape), std::vector<uint8_t>(values.size() * 4)};
@@ -200,19 +201,6 @@ TEST_P(EngineQuantizedCheckpoint, MatchesTheDequantizedModelWithOnlineQuantizedE
   EXPECT_LT(max_abs, bound * ref_max * 10);
 }
 
-void expect_same(const formats::QuantizedMatrix& got, const formats::QuantizedMatrix& want, const std::string& what) {
-  SCOPED_TRACE(what);
-  EXPECT_EQ(got.format, want.format);
-  EXPECT_EQ(got.rows, want.rows);
-  EXPECT_EQ(got.cols, want.cols);
-  EXPECT_EQ(got.data, want.data);
-  EXPECT_EQ(got.block_scales, want.block_scales);
-  EXPECT_EQ(got.group_scales, want.group_scales);
-  for (int i = 0; i < 2; ++i) {  // compressed-tensors stores fp32(1/global): back within an ulp
-    EXPECT_NEAR(got.global_scales[i], want.global_scales[i], 1.2e-7 * std::abs(want.global_scales[i]));
-  }
-}
-
 TEST_P(EngineQuantizedCheckpoint, LoaderReturnsTheWrittenMatrices) {
   const std::string dir = (root_ / "quantized").string();
   const ModelConfig config = load_model_config(dir);
@@ -231,9 +219,10 @@ TEST_P(EngineQuantizedCheckpoint, LoaderReturnsTheWrittenMatrices) {
     for (int e = 0; e < config.num_experts; ++e) {
       const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
       const ExpertWeights w = source->expert(layer, e, GetParam().format);
-      expect_same(w.w13, formats::fuse_w13(written_.at(x + "gate_proj.weight"), written_.at(x + "up_proj.weight")),
-                  x + "w13");
-      expect_same(w.w2, written_.at(x + "down_proj.weight"), x + "w2");
+      SCOPED_TRACE(x);
+      expect_same_matrix(w.w13, formats::fuse_w13(written_.at(x + "gate_proj.weight"), written_.at(x + "up_proj.weight")),
+                         1.2e-7);
+      expect_same_matrix(w.w2, written_.at(x + "down_proj.weight"), 1.2e-7);
       ++experts;
     }
   }

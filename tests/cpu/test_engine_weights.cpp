@@ -25,15 +25,7 @@ std::vector<uint8_t> raw_bytes(const TensorRecord& record, int64_t first, int64_
   return std::vector<uint8_t>(record.data + first * 2, record.data + (first + count) * 2);
 }
 
-void expect_same_matrix(const formats::QuantizedMatrix& a, const formats::QuantizedMatrix& b) {
-  EXPECT_EQ(a.format, b.format);
-  EXPECT_EQ(a.rows, b.rows);
-  EXPECT_EQ(a.cols, b.cols);
-  EXPECT_EQ(a.data, b.data);
-  EXPECT_EQ(a.block_scales, b.block_scales);
-  EXPECT_EQ(a.group_scales, b.group_scales);
-  EXPECT_EQ(a.global_scales, b.global_scales);
-}
+using megamoe::engine::testing::expect_same_matrix;
 
 TEST(EngineWeights, FusedExpertKeysSliceTheRightExpert) {
   const ModelConfig config = load_model_config(fixture("tiny-qwen3-moe"));

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "bench/layer_bench.h"
+#include "megamoe/ep.h"
 #include "megamoe/error.h"
 #include "tools/megamoe/command.h"
 
@@ -24,6 +25,11 @@ struct LayerArgs {
 
 int run_layer(const LayerArgs& a) {
   using namespace megamoe;
+  // --ranks N > 1: relaunch this command once per GPU; rank 0 prints and writes --json.
+  LaunchedRank launched;
+  const bool is_rank = launched_rank_from_env(&launched);
+  if (a.ranks > 1 && !is_rank) return relaunch_self_on_ranks(a.ranks, 900);
+  const bool speak = !is_rank || launched.rank == 0;
   bench::LayerBenchOptions o;
   o.shape = bench::find_layer_preset(a.preset);
   if (a.hidden || a.intermediate || a.experts || a.top_k) {
@@ -47,8 +53,8 @@ int run_layer(const LayerArgs& a) {
   o.distinct_experts = a.distinct_experts;
   o.seed = a.seed;
   const std::vector<bench::LayerCaseResult> results = bench::run_layer_bench(o);
-  bench::print_layer_table(o, results);
-  if (!a.json_path.empty()) {
+  if (speak) bench::print_layer_table(o, results);
+  if (speak && !a.json_path.empty()) {
     std::ofstream file(a.json_path);
     MEGAMOE_CHECK(file.good(), "--json ", a.json_path, ": cannot open for writing");
     file << bench::layer_results_json(o, results).dump(2) << "\n";
@@ -79,7 +85,7 @@ MEGAMOE_SUBCOMMAND("bench", "layer", "time one MoE layer forward on one or more 
                      app.add_option("--routing", args->routing, "uniform | zipf | one-rank (default uniform)");
                      app.add_option("--backend", args->backends, "backends to run side by side, a list (default reference)")
                          ->delimiter(',');
-                     app.add_option("--ranks", args->ranks, "expert-parallel ranks (only 1 for now)");
+                     app.add_option("--ranks", args->ranks, "expert-parallel ranks: one process per GPU via the launcher (default 1)");
                      app.add_flag("--check", args->check, "compare every backend against reference first");
                      app.add_option("--check-tokens", args->check_tokens, "tokens compared by --check (default 32)");
                      app.add_option("--json", args->json_path, "write the results as JSON to this path");
