@@ -338,6 +338,11 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_text(std::string_view json
         Impl::Added added{token.at("content").get<std::string>(), token.at("id").get<int32_t>(),
                           token.value("special", false)};
         MEGAMOE_CHECK(!added.content.empty(), "added_tokens entry with id ", added.id, " has empty content");
+        // NOTES: normalized = true tokens are matched on the raw text too; that differs from HF only
+        // for text that NFC changes right at the token. Whitespace-absorbing flags are not supported.
+        for (const char* flag : {"lstrip", "rstrip", "single_word"})
+          MEGAMOE_CHECK(!token.value(flag, false), "added_tokens entry '", added.content, "': ", flag,
+                        " = true is unsupported");
         max_id = std::max(max_id, added.id);
         impl->added.push_back(std::move(added));
       }

@@ -78,6 +78,13 @@ TEST(ServerTokenizer, RejectsBadInputWithTheField) {
   } catch (const megamoe::Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.type"), std::string::npos) << e.what();
   }
+  try {
+    Tokenizer::from_json_text(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+        "added_tokens": [{"id": 1, "content": "<x>", "lstrip": true}]})");
+    FAIL() << "expected megamoe::Error";
+  } catch (const megamoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lstrip"), std::string::npos) << e.what();
+  }
   auto tokenizer = Tokenizer::from_file(kFixture);
   const std::vector<int32_t> bad{5, 99999};
   EXPECT_THROW(tokenizer->decode(bad), megamoe::Error);
