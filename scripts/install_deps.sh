@@ -2,7 +2,7 @@
 # Debian packages the build needs (the CUDA toolkit with NCCL is part of the machine image).
 set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
-          libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev)
+          libpcre2-dev libicu-dev libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -1,0 +1,128 @@
+// `megamoe serve MODEL`: the OpenAI-compatible server (flags shaped like `vllm serve`). One model
+// runner per data-parallel rank, the serving loop in server/llm_engine.h, HTTP in
+// server/openai_server.h. This build runs the CPU reference runner (engine/model.h).
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "engine/cli_options.h"
+#include "engine/config.h"
+#include "engine/model.h"
+#include "megamoe/error.h"
+#include "megamoe/types.h"
+#include "server/openai_server.h"
+#include "tools/megamoe/command.h"
+
+namespace {
+
+struct ServeFlags {
+  megamoe::engine::EngineCliOptions engine;  // MODEL, --moe-backend, --load-format, --seed, --block-size, ...
+  bool kv_blocks_given = false;               // --num-kv-blocks on the command line
+  std::string served_model_name, host = "127.0.0.1", tokenizer;
+  int port = 8000, data_parallel_size = 1, max_model_len = 0, max_num_seqs = 256;
+  int max_queued_requests = 4096, http_threads = 512;
+  double gpu_memory_utilization = 0.9;
+  bool enable_expert_parallel = false, enforce_eager = false;
+};
+
+int run(const ServeFlags& f) {
+  // SIGINT / SIGTERM stop the server cleanly: blocked before any thread starts (threads inherit the
+  // mask), then taken by one waiting thread.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  MEGAMOE_CHECK(f.data_parallel_size >= 1, "--data-parallel-size ", f.data_parallel_size, " must be >= 1");
+  MEGAMOE_CHECK(!f.enable_expert_parallel || f.data_parallel_size == 1,
+                "--enable-expert-parallel with --data-parallel-size ", f.data_parallel_size,
+                " needs the multi-GPU runner, which this build does not have (CPU reference runner only)");
+  MEGAMOE_CHECK(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1, "--gpu-memory-utilization ",
+                f.gpu_memory_utilization, " must be in (0, 1]");
+  const std::string& model = f.engine.model;
+  auto tokenizer = megamoe::server::Tokenizer::from_file(f.tokenizer.empty() ? model : f.tokenizer);
+  megamoe::engine::RunnerOptions runner_options = f.engine.resolve();
+  if (!f.kv_blocks_given) {
+    // NOTES: the CPU runner's cache lives in host memory; by default it holds four sequences of the
+    // full context (the scheduler preempts beyond that), not a GPU-sized pool.
+    const int context = f.max_model_len > 0 ? f.max_model_len
+                                            : megamoe::engine::load_model_config(model, runner_options.hf_overrides)
+                                                  .max_position_embeddings;
+    runner_options.num_kv_blocks = 4 * ((std::max(context, 1) + runner_options.kv_block_size - 1) / runner_options.kv_block_size);
+  }
+  std::vector<std::unique_ptr<megamoe::engine::ModelRunner>> runners;
+  for (int rank = 0; rank < f.data_parallel_size; ++rank) {
+    runner_options.load.progress = rank == 0;
+    runners.push_back(megamoe::engine::make_cpu_model_runner(model, runner_options));
+  }
+  const auto& info = runners.front()->info();
+
+  megamoe::server::EngineOptions engine_options;
+  engine_options.max_num_seqs = f.max_num_seqs;
+  engine_options.max_num_batched_tokens = runner_options.max_tokens_per_step;  // --max-num-batched-tokens
+  engine_options.max_model_len = f.max_model_len;
+  engine_options.max_queued_requests = f.max_queued_requests;
+  engine_options.seed = runner_options.load.seed;
+  engine_options.lockstep_ranks = f.enable_expert_parallel;  // EP: every rank joins every forward
+  megamoe::server::ServerMetrics metrics;
+  megamoe::server::LLMEngine engine(std::move(runners), tokenizer, engine_options, &metrics);
+
+  megamoe::server::HttpOptions http_options;
+  http_options.host = f.host;
+  http_options.port = f.port;
+  http_options.served_model_names = {f.served_model_name.empty() ? model : f.served_model_name};
+  http_options.http_threads = f.http_threads;
+
+  megamoe::server::OpenAIServer server(engine, metrics, http_options);
+  const int port = server.bind();
+  std::atomic<bool> signalled{false};
+  std::thread signal_waiter([&] {
+    int signal = 0;
+    sigwait(&stop_signals, &signal);
+    signalled = true;
+    std::fprintf(stderr, "megamoe serve: signal %d, stopping\n", signal);
+    server.stop();
+  });
+  std::fprintf(stderr,
+               "megamoe serve: %s (%s, vocab %d) as '%s' on http://%s:%d | runner cpu-reference, moe backend %s, "
+               "dp %d | max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, kv %d blocks x %d%s\n",
+               model.c_str(), info.model_type.c_str(), info.vocab_size, http_options.served_model_names[0].c_str(),
+               f.host.c_str(), port, runner_options.moe_backend.c_str(), f.data_parallel_size, engine.max_model_len(),
+               f.max_num_seqs, engine_options.max_num_batched_tokens, runner_options.num_kv_blocks,
+               runner_options.kv_block_size,
+               f.enforce_eager ? " | enforce-eager" : "");
+  server.serve();
+  // serve() also returns when the socket fails; then wake the signal thread so it can be joined.
+  if (!signalled) pthread_kill(signal_waiter.native_handle(), SIGTERM);
+  signal_waiter.join();
+  return 0;
+}
+
+}  // namespace
+
+MEGAMOE_SUBCOMMAND("", "serve", "OpenAI-compatible server: megamoe serve MODEL_DIR [vLLM-shaped flags]",
+                   [](CLI::App& app) -> std::function<int()> {
+                     auto f = std::make_shared<ServeFlags>();
+                     f->engine.runner.max_tokens_per_step = 8192;
+                     megamoe::engine::add_engine_options(app, f->engine);
+                     app.add_option("--served-model-name", f->served_model_name, "name clients use (default: MODEL)");
+                     app.add_option("--host", f->host, "address to listen on")->capture_default_str();
+                     app.add_option("--port", f->port, "port (0: any free one)")->capture_default_str();
+                     app.add_option("--data-parallel-size", f->data_parallel_size, "model replicas (ranks)")->capture_default_str();
+                     app.add_flag("--enable-expert-parallel", f->enable_expert_parallel, "shard experts over the ranks");
+                     app.add_option("--max-model-len", f->max_model_len, "context limit (default: the model's)");
+                     app.add_option("--max-num-seqs", f->max_num_seqs, "running sequences per rank")->capture_default_str();
+                     app.add_option("--gpu-memory-utilization", f->gpu_memory_utilization, "GPU memory fraction (GPU runner)")->capture_default_str();
+                     app.add_flag("--enforce-eager", f->enforce_eager, "no CUDA graphs (GPU runner)");
+                     app.add_option("--tokenizer", f->tokenizer, "tokenizer.json or its directory (default: MODEL)");
+                     app.add_option("--max-queued-requests", f->max_queued_requests, "requests in the engine before 503")->capture_default_str();
+                     app.add_option("--http-threads", f->http_threads, "connections served at once")->capture_default_str();
+                     CLI::Option* kv_blocks = app.get_option("--num-kv-blocks");
+                     return [f, kv_blocks] {
+                       f->kv_blocks_given = kv_blocks->count() > 0;
+                       return run(*f);
+                     };
+                   });
