@@ -50,10 +50,15 @@ class DeviceArray {
   ~DeviceArray() {
     if (data_ != nullptr) cudaFree(data_);
   }
+  // NOTES: the tests run on a non-blocking stream, which cudaMemcpy's legacy stream does not order
+  // against (and a pageable upload may return before its DMA lands): both sides synchronize the device.
   void upload(const std::vector<T>& host) {
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
     if (count_ > 0) MEGAMOE_CUDA_CHECK(cudaMemcpy(data_, host.data(), count_ * sizeof(T), cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<T> host(count_);
     if (count_ > 0) MEGAMOE_CUDA_CHECK(cudaMemcpy(host.data(), data_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
     return host;
