@@ -10,13 +10,18 @@
 // not the __expf intrinsics), so scores may differ from glibc's by an ulp or two.
 // NOTES: all control flow that precedes a __shfl_sync is warp-uniform (it depends on the token, on
 // parameters or on warp votes), so the full mask is always correct.
+// NOTES: tests/cpu/test_router_kernel_emulated.cpp compiles this file as host C++ with
+// MEGAMOE_ROUTER_HOST_EMULATION defined (warp intrinsics emulated, launcher left out), so that CI
+// checks the kernel's logic bit for bit against the CPU reference without a GPU.
 #pragma once
-
-#include <cuda_runtime.h>
 
 #include <cstdint>
 
+#ifndef MEGAMOE_ROUTER_HOST_EMULATION
+#include <cuda_runtime.h>
+
 #include "megamoe/error_cuda.h"
+#endif
 #include "megamoe/routing.h"
 #include "megamoe/routing_cuda.h"
 
@@ -291,6 +296,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32) sm90_router_kernel(
 }
 
 // ---- launcher -------------------------------------------------------------------------------------
+#ifndef MEGAMOE_ROUTER_HOST_EMULATION
 
 template <int kSlots>
 void launch_router_kernel(const RouterParams& params, cudaStream_t stream) {
@@ -310,5 +316,6 @@ inline void launch_router(const RouterParams& params, cudaStream_t stream) {
   else if (slots <= 8) launch_router_kernel<8>(params, stream);
   else launch_router_kernel<16>(params, stream);
 }
+#endif  // MEGAMOE_ROUTER_HOST_EMULATION
 
 }  // namespace megamoe::kernels::sm90
