@@ -25,6 +25,13 @@
 #include "megamoe/routing.h"
 #include "megamoe/routing_cuda.h"
 
+// Full unrolling keeps the per-lane arrays in registers; the host emulation has no such pragma.
+#ifdef MEGAMOE_ROUTER_HOST_EMULATION
+#define MEGAMOE_ROUTER_UNROLL
+#else
+#define MEGAMOE_ROUTER_UNROLL _Pragma("unroll")
+#endif
+
 namespace megamoe::kernels::sm90 {
 
 constexpr int kRouterWarpsPerBlock = 4;
@@ -71,7 +78,7 @@ __device__ __forceinline__ int candidate_id(unsigned long long key) {
 }
 
 __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
   for (int offset = 16; offset >= 1; offset /= 2) {
     const unsigned long long other = __shfl_xor_sync(kFullMask, key, offset);
     key = other > key ? other : key;
@@ -82,7 +89,7 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long key) {
 template <int kSlots>
 __device__ __forceinline__ unsigned long long best_of(const unsigned long long (&keys)[kSlots]) {
   unsigned long long best = 0;
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
   for (int i = 0; i < kSlots; ++i) best = keys[i] > best ? keys[i] : best;
   return best;
 }
@@ -93,29 +100,29 @@ __device__ __forceinline__ void unbiased_scores(ScoreFunction function, const fl
                                                 float (&score)[kSlots]) {
   if (function == ScoreFunction::kSoftmax) {
     float max_logit = -INFINITY;  // fmaxf ignores NaN, like the reference's "non-NaN logits"
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int i = 0; i < kSlots; ++i) max_logit = fmaxf(max_logit, logit[i]);
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int offset = 16; offset >= 1; offset /= 2)
       max_logit = fmaxf(max_logit, __shfl_xor_sync(kFullMask, max_logit, offset));
     float exps[kSlots];
     float lane_sum = 0.0f;  // lane-strided: this lane's experts in increasing order, then a butterfly
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int i = 0; i < kSlots; ++i) {
       exps[i] = (isnan(logit[i]) || logit[i] == -INFINITY) ? 0.0f : expf(__fsub_rn(logit[i], max_logit));
       lane_sum = __fadd_rn(lane_sum, exps[i]);
     }
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int offset = 16; offset >= 1; offset /= 2)
       lane_sum = __fadd_rn(lane_sum, __shfl_xor_sync(kFullMask, lane_sum, offset));
     const float divisor = lane_sum == 0.0f ? 1.0f : lane_sum;
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int i = 0; i < kSlots; ++i) score[i] = isnan(logit[i]) ? logit[i] : __fdiv_rn(exps[i], divisor);
   } else if (function == ScoreFunction::kSigmoid) {
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int i = 0; i < kSlots; ++i) score[i] = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit[i])));
   } else {
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int i = 0; i < kSlots; ++i) {
       const float softplus = logit[i] > 20.0f ? logit[i] : log1pf(expf(logit[i]));
       score[i] = __fsqrt_rn(softplus);
@@ -148,7 +155,7 @@ __device__ __forceinline__ void keep_best_groups(const RouterParams& p, const fl
   const int group_size = p.num_experts / p.num_groups;
   // Group g = lane + 32 * j (num_groups <= E <= 32 * kSlots).
   unsigned long long group_keys[kSlots];
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
   for (int j = 0; j < kSlots; ++j) {
     const int g = lane + 32 * j;
     const bool exists = g < p.num_groups;
@@ -160,12 +167,12 @@ __device__ __forceinline__ void keep_best_groups(const RouterParams& p, const fl
     const unsigned long long best = warp_max(best_of(group_keys));
     if (best == 0) break;
     if (lane == candidate_id(best) % 32) kept[candidate_id(best)] = 1;
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int j = 0; j < kSlots; ++j)  // keys are unique: only the winner's own entry matches
       if (group_keys[j] == best) group_keys[j] = 0;
   }
   __syncwarp();
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
   for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
     if (keys[i] != 0 && !kept[e / group_size]) keys[i] = 0;
@@ -203,7 +210,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32) sm90_router_kernel(
   // padded or not, checks it.
   float bias[kSlots];
   bool bad = false;
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
   for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
     bias[i] = 0.0f;
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32) sm90_router_kernel(
 
   float logit[kSlots];
   const float* row = p.logits + token * num_experts;
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
   for (int i = 0; i < kSlots; ++i) {
     const int e = lane + 32 * i;
     logit[i] = e < num_experts ? row[e] : __int_as_float(0x7fffffff);  // NaN: not an expert
@@ -241,7 +248,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32) sm90_router_kernel(
       if (lane == 0) record_error(p.status, token, RouterDeviceError::kTokenIdOutOfRange, 0);
       return write_empty_row();
     }
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int i = 0; i < kSlots; ++i)
       if (lane + 32 * i < num_experts) shared_row[warp][lane + 32 * i] = score[i];
     __syncwarp();
@@ -260,7 +267,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32) sm90_router_kernel(
     // Selection scores: biased scores, or the logits themselves for softmax without a bias.
     unsigned long long keys[kSlots];
     float selection[kSlots];
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
     for (int i = 0; i < kSlots; ++i) {
       selection[i] = p.correction_bias != nullptr        ? __fadd_rn(score[i], bias[i])
                      : p.score == ScoreFunction::kSoftmax ? logit[i]
@@ -268,7 +275,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32) sm90_router_kernel(
       keys[i] = isnan(selection[i]) ? 0 : candidate_key(selection[i], lane + 32 * i);
     }
     if (p.num_groups > 1) {
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
       for (int i = 0; i < kSlots; ++i)
         if (lane + 32 * i < num_experts) shared_row[warp][lane + 32 * i] = selection[i];
       __syncwarp();
@@ -282,7 +289,7 @@ __global__ void __launch_bounds__(kRouterWarpsPerBlock * 32) sm90_router_kernel(
       const int expert = candidate_id(best);
       // Keys are unique, so only the winner's own entry matches: it supplies the score and drops out.
       float winner_score = 0.0f;
-#pragma unroll
+MEGAMOE_ROUTER_UNROLL
       for (int i = 0; i < kSlots; ++i)
         if (keys[i] == best) winner_score = score[i], keys[i] = 0;
       const float weight = __shfl_sync(kFullMask, winner_score, expert % 32);
