@@ -429,6 +429,8 @@ TEST_F(RouterCuda, GraphReplayIsBitIdentical) {
     DeviceProblem d(c, first);
     d.route(c, stream_);
     const Routed direct_first = d.outputs();
+    Comparison direct_stats;
+    compare(c, first, run_reference(c, first), direct_first, direct_stats);
 
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
@@ -446,6 +448,7 @@ TEST_F(RouterCuda, GraphReplayIsBitIdentical) {
     }
     d.logits.upload(second.logits);  // same shapes, new values: the replay must follow them
     d.padding.upload(second.padding);
+    d.bias.upload(second.bias);
     d.poison_outputs(c.tokens * c.config.top_k, stream_);
     MEGAMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
