@@ -461,6 +461,13 @@ TEST_F(RouterCuda, GraphReplayIsBitIdentical) {
   }
 }
 
+// Makes row t a routed row: clears its padding flag and the +inf that make_problem plants in padded rows.
+void unpad(Problem& p, int num_experts, int64_t t) {
+  p.padding[t] = 0;
+  for (int e = 0; e < num_experts; ++e)
+    if (p.logits[t * num_experts + e] == kInf) p.logits[t * num_experts + e] = 1.0f;
+}
+
 std::string status_message(const RouterConfig& config, const RouterDeviceInputs& inputs, cudaStream_t stream) {
   try {
     check_router_status(config, inputs, stream);
@@ -477,7 +484,7 @@ TEST_F(RouterCuda, BadDeviceDataEmptiesRowsAndReportsTheFirstError) {
     Case c{"inf logits", make_config(RouterKind::kSigmoidGrouped, 64, 4, 8, 4), 40, true};
     c.seed = 7;
     Problem p = make_problem(c);
-    for (int64_t t : {7, 20}) p.padding[t] = 0;
+    for (int64_t t : {7, 20}) unpad(p, 64, t);
     p.logits[20 * 64 + 2] = kInf;
     p.logits[7 * 64 + 13] = kInf;
     p.logits[7 * 64 + 40] = kInf;
@@ -496,7 +503,7 @@ TEST_F(RouterCuda, BadDeviceDataEmptiesRowsAndReportsTheFirstError) {
     c.hash_vocab = 10;
     c.seed = 8;
     Problem p = make_problem(c);
-    for (int64_t t : {5, 9, 11}) p.padding[t] = 0;
+    for (int64_t t : {5, 9, 11}) unpad(p, 32, t);
     for (auto& id : p.token_ids) id = id == 3 ? 4 : id;
     p.token_ids[9] = 3;
     p.token_ids[11] = 3;
