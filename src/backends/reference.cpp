@@ -8,15 +8,15 @@
 //   1. GEMM-1 operand a1 [H]:
 //        FP8 / W4A8 formats (fp8_block, nvfp4, mxfp4): q, s = formats::quantize_fp8_activations(x)
 //          (one fp32 scale per 128 channels: s = max(amax, 1e-10) / 448, q = e4m3_rne(x / s));
-//          a1[i] = e4m3(q[i]) * s[i / 128]  -- evaluated in fp64, exact (4 + 24 significant bits).
+//          a1[i] = e4m3(q[i]) * s[i / 128]  -- in fp64, exact (formats::dequantize_fp8_activations_f64).
 //          Quantized once per token and shared by all its experts (dispatch sends FP8 + scales).
 //        BF16: a1[i] = bf16_rne(x[i]) (a no-op for bf16 hidden).
-//   2. Weights: W = formats::dequantize(matrix) in fp32 (exact for bf16, for fp8_block with
-//      power-of-two or short block scales, and for fp4 with power-of-two scales; otherwise the one
-//      documented fp32 rounding of formats::dequantize).
-//   3. GEMM-1, for r in [0, 2I): g[r] = fp32( sum_{i ascending} a1[i] * W13[r, i] )
-//        kF64: products exact in fp64 (<= 28 + 24 bits), summed in fp64, ONE rounding to fp32.
-//        kF32: acc = fmaf(fp32(a1[i]), W13[r, i], acc) from acc = 0, i ascending.
+//   2. Weights: W = formats::dequantize_f64(matrix): the format's value, exact in fp64 (no rounding).
+//   3. GEMM-1, for r in [0, 2I): g[r] = fp32( sum_i a1[i] * W13[r, i] )
+//        kF64: products in fp64 (exact for bf16, and for scaled formats whenever the significant bits
+//              fit 53, e.g. power-of-two scales; else rounded at 2^-53), summed in fp64 (4 interleaved partial
+//              sums, i mod 4, combined (s0 + s1) + (s2 + s3)), ONE rounding to fp32.
+//        kF32: acc = fmaf(fp32(a1[i]), fp32(W13[r, i]), acc) from acc = 0, i ascending.
 //      gate = g[0, I), up = g[I, 2I).
 //   4. Activation, fp32, c in [0, I) (GPU: expf and IEEE division, no fast-math intrinsics):
 //        silu:           h = (gate / (1.0f + expf(-gate))) * up
@@ -49,12 +49,12 @@
 namespace megamoe {
 namespace {
 
-// One expert's weights dequantized to fp32 (step 2), row-major, K contiguous.
+// One expert's weights dequantized exactly (step 2), row-major, K contiguous.
 struct DenseExpert {
   bool loaded = false;
   int intermediate = 0;
-  std::vector<float> w13;  // [2I, H]
-  std::vector<float> w2;   // [H, I]
+  std::vector<double> w13;  // [2I, H]
+  std::vector<double> w2;   // [H, I]
 };
 
 void check_matrix(const char* field, const formats::QuantizedMatrix& m, WeightFormat format, int64_t rows,
@@ -188,8 +188,8 @@ class ReferenceBackend final : public MoeBackend {
     const int H = config_.hidden;
     check_matrix("w13", weights.w13, config_.weight_format, 2LL * intermediate, H, context);
     check_matrix("w2", weights.w2, config_.weight_format, H, intermediate, context);
-    expert.w13 = formats::dequantize(weights.w13);
-    expert.w2 = formats::dequantize(weights.w2);
+    expert.w13 = formats::dequantize_f64(weights.w13);
+    expert.w2 = formats::dequantize_f64(weights.w2);
     expert.intermediate = intermediate;
     expert.loaded = true;
   }
@@ -198,25 +198,26 @@ class ReferenceBackend final : public MoeBackend {
   void gemm_operand(const float* values, int count, std::vector<double>& operand) const {
     operand.resize(count);
     if (uses_fp8_activations(config_.weight_format)) {
-      const formats::Fp8Activations q = formats::quantize_fp8_activations(values, 1, count);
-      for (int i = 0; i < count; ++i)
-        operand[i] = static_cast<double>(formats::e4m3_to_f32(q.values[i])) *
-                     static_cast<double>(q.scales[i / formats::kFp8BlockSize]);
+      operand = formats::dequantize_fp8_activations_f64(formats::quantize_fp8_activations(values, 1, count));
     } else {
       for (int i = 0; i < count; ++i) operand[i] = formats::round_to_bf16(values[i]);
     }
   }
 
   // Steps 3 / 7: one output element.
-  float dot(const std::vector<double>& a, const float* w_row) const {
+  float dot(const std::vector<double>& a, const double* w_row) const {
     const size_t n = a.size();
     if (options_.accumulation == Accumulation::kF64) {
-      double sum = 0.0;
-      for (size_t i = 0; i < n; ++i) sum += a[i] * static_cast<double>(w_row[i]);
-      return static_cast<float>(sum);
+      // Four interleaved partial sums (vectorisable); their order only shows at 2^-53 relative.
+      double partial[4] = {0.0, 0.0, 0.0, 0.0};
+      size_t i = 0;
+      for (; i + 4 <= n; i += 4)
+        for (size_t lane = 0; lane < 4; ++lane) partial[lane] += a[i + lane] * w_row[i + lane];
+      for (; i < n; ++i) partial[i % 4] += a[i] * w_row[i];
+      return static_cast<float>((partial[0] + partial[1]) + (partial[2] + partial[3]));
     }
     float sum = 0.0f;
-    for (size_t i = 0; i < n; ++i) sum = std::fma(static_cast<float>(a[i]), w_row[i], sum);
+    for (size_t i = 0; i < n; ++i) sum = std::fma(static_cast<float>(a[i]), static_cast<float>(w_row[i]), sum);
     return sum;
   }
 

@@ -166,13 +166,11 @@ std::unique_ptr<MoeBackend> make_backend(std::string_view name, const MoeConfig&
   const std::string unavailable = found->unavailable_reason ? found->unavailable_reason() : std::string();
   MEGAMOE_CHECK(unavailable.empty(), "backend '", canonical, "' is unavailable: ", unavailable, "; ", describe_all());
   config.validate();
-  // Rank count: the EP group size when given, else 1. EpGroup is opaque here (ep.h belongs to the EP
-  // runtime), so backends that accept ep != null check the group size themselves in `create`.
-  const int num_ranks = 1;
-  if (ep == nullptr) {
-    const std::string reject = found->capabilities().reject_reason(config, num_ranks);
-    MEGAMOE_CHECK(reject.empty(), "backend '", canonical, "' cannot run this configuration: ", reject);
-  }
+  // EpGroup is opaque here (ep.h belongs to the EP runtime): with a group, everything but the rank
+  // count is checked here, and the backend's `create` checks the group size against its capabilities.
+  const Capabilities capabilities = found->capabilities();
+  const std::string reject = capabilities.reject_reason(config, ep == nullptr ? 1 : capabilities.min_ranks);
+  MEGAMOE_CHECK(reject.empty(), "backend '", canonical, "' cannot run this configuration: ", reject);
   return found->create(config, ep);
 }
 

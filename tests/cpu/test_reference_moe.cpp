@@ -17,12 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "cpu/formats_test_util.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/moe.h"
 #include "megamoe/reference.h"
 
 using namespace megamoe;
+using megamoe::test::expect_error_mentions;
 
 namespace {
 
@@ -135,16 +137,6 @@ formats::QuantizedMatrix encode_exact(const std::vector<double>& w, int64_t rows
     }
   }
   return m;
-}
-
-template <typename Fn>
-void expect_error(Fn fn, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected megamoe::Error";
-  } catch (const Error& e) {
-    for (const std::string& needle : needles) EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 // ---- the exactly representable layer -------------------------------------------------------------
@@ -321,6 +313,11 @@ struct ExactCase {
   bool shared;
 };
 
+std::string case_name(const ::testing::TestParamInfo<ExactCase>& info) {
+  return std::string(weight_format_name(info.param.format)) + "_" + std::string(activation_name(info.param.activation)) +
+         (info.param.fc1 ? "_fc1" : "") + (info.param.shared ? "_shared" : "");
+}
+
 class ReferenceExact : public ::testing::TestWithParam<ExactCase> {};
 
 TEST_P(ReferenceExact, BitExactAgainstClosedForm) {
@@ -358,11 +355,7 @@ std::vector<ExactCase> all_exact_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormatsActivations, ReferenceExact, ::testing::ValuesIn(all_exact_cases()),
-                         [](const ::testing::TestParamInfo<ExactCase>& info) {
-                           return std::string(weight_format_name(info.param.format)) + "_" +
-                                  std::string(activation_name(info.param.activation)) + (info.param.fc1 ? "_fc1" : "") +
-                                  (info.param.shared ? "_shared" : "");
-                         });
+                         case_name);
 
 // Padding-only tokens give +0; a token routed to nothing but with a shared expert gets the shared
 // expert's output. (Covered bit-exactly above; this pins the all-padding row explicitly.)
@@ -379,9 +372,9 @@ struct RandomLayer {
   std::vector<float> x;
   std::vector<int32_t> ids;
   std::vector<float> weights;
-  std::vector<std::vector<float>> w13, w2;  // dequantized (what the layer multiplies by)
+  std::vector<std::vector<double>> w13, w2;  // dequantized exactly (what the layer multiplies by)
   std::vector<ExpertWeights> quantized;
-  std::vector<float> shared_w13, shared_w2;
+  std::vector<double> shared_w13, shared_w2;
   ExpertWeights shared_quantized;
 };
 
@@ -416,15 +409,15 @@ RandomLayer make_random_layer(WeightFormat format, Activation::Kind kind, bool f
   for (int e = 0; e < c.num_experts; ++e) {
     ExpertWeights q{quantize(random_matrix(2 * c.intermediate, H), 2 * c.intermediate, H, true),
                     quantize(random_matrix(H, c.intermediate), H, c.intermediate, false)};
-    L.w13.push_back(formats::dequantize(q.w13));
-    L.w2.push_back(formats::dequantize(q.w2));
+    L.w13.push_back(formats::dequantize_f64(q.w13));
+    L.w2.push_back(formats::dequantize_f64(q.w2));
     L.quantized.push_back(std::move(q));
   }
   if (shared) {
     L.shared_quantized = {quantize(random_matrix(2 * c.shared_intermediate, H), 2 * c.shared_intermediate, H, true),
                           quantize(random_matrix(H, c.shared_intermediate), H, c.shared_intermediate, false)};
-    L.shared_w13 = formats::dequantize(L.shared_quantized.w13);
-    L.shared_w2 = formats::dequantize(L.shared_quantized.w2);
+    L.shared_w13 = formats::dequantize_f64(L.shared_quantized.w13);
+    L.shared_w2 = formats::dequantize_f64(L.shared_quantized.w2);
   }
   // Distinct experts per token; ~1 in 8 slots padding; expert 7 never used (no tokens).
   for (int t = 0; t < T; ++t) {
@@ -443,7 +436,7 @@ RandomLayer make_random_layer(WeightFormat format, Activation::Kind kind, bool f
 std::vector<double> dense_fp64(const RandomLayer& L, int T) {
   const MoeConfig& c = L.config;
   const int H = c.hidden;
-  auto expert = [&](const std::vector<float>& w13, const std::vector<float>& w2, int inter, int t, double fc1_weight) {
+  auto expert = [&](const std::vector<double>& w13, const std::vector<double>& w2, int inter, int t, double fc1_weight) {
     std::vector<double> h(inter), y(H, 0.0);
     for (int r = 0; r < inter; ++r) {
       double gate = 0, up = 0;
@@ -561,11 +554,7 @@ std::vector<ExactCase> random_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFormatsActivations, ReferenceRandom, ::testing::ValuesIn(random_cases()),
-                         [](const ::testing::TestParamInfo<ExactCase>& info) {
-                           return std::string(weight_format_name(info.param.format)) + "_" +
-                                  std::string(activation_name(info.param.activation)) + (info.param.fc1 ? "_fc1" : "") +
-                                  (info.param.shared ? "_shared" : "");
-                         });
+                         case_name);
 
 // ---- edge cases and bad input ------------------------------------------------------------------------
 TEST(ReferenceMoe, ZeroTokensIsANoOp) {
@@ -599,51 +588,51 @@ TEST(ReferenceMoe, BadInputsNameFieldAndLimitAndWriteNothing) {
   {
     BadInputFixture f;
     f.in.hidden.shape[1] = 128;
-    expect_error([&] { f.forward(); }, {"hidden", "[*, 256]"});
+    expect_error_mentions([&] { f.forward(); }, {"hidden", "[*, 256]"});
     EXPECT_TRUE(f.out_untouched());
   }
   {
     BadInputFixture f;
     f.in.topk_ids.shape[1] = 3;
-    expect_error([&] { f.forward(); }, {"topk_ids", "[6, 2]"});
+    expect_error_mentions([&] { f.forward(); }, {"topk_ids", "[6, 2]"});
   }
   {
     BadInputFixture f;
     f.ids[3] = 4;
-    expect_error([&] { f.forward(); }, {"topk_ids[1, 1] = 4", "num_experts = 4"});
+    expect_error_mentions([&] { f.forward(); }, {"topk_ids[1, 1] = 4", "num_experts = 4"});
     EXPECT_TRUE(f.out_untouched());
   }
   {
     BadInputFixture f;
     f.ids[0] = -2;
-    expect_error([&] { f.forward(); }, {"topk_ids[0, 0] = -2", "[-1, num_experts = 4)"});
+    expect_error_mentions([&] { f.forward(); }, {"topk_ids[0, 0] = -2", "[-1, num_experts = 4)"});
   }
   {
     BadInputFixture f;
     f.weights[1] = NAN;
-    expect_error([&] { f.forward(); }, {"topk_weights[0, 1]", "finite"});
+    expect_error_mentions([&] { f.forward(); }, {"topk_weights[0, 1]", "finite"});
     EXPECT_TRUE(f.out_untouched());
   }
   {
     BadInputFixture f;
     f.outputs.out.dtype = DType::kF32;
-    expect_error([&] { f.forward(); }, {"out", "bf16"});
+    expect_error_mentions([&] { f.forward(); }, {"out", "bf16"});
   }
   {
     BadInputFixture f;
     f.in.hidden.dtype = DType::kF16;
-    expect_error([&] { f.forward(); }, {"hidden", "f16", "bf16 or f32"});
+    expect_error_mentions([&] { f.forward(); }, {"hidden", "f16", "bf16 or f32"});
   }
   {
     BadInputFixture f;
     f.in.hidden.device = Device::kCuda;
-    expect_error([&] { f.forward(); }, {"hidden", "on cpu"});
+    expect_error_mentions([&] { f.forward(); }, {"hidden", "on cpu"});
   }
   {
     BadInputFixture f;
     f.layer.config.max_tokens_per_rank = 4;
     f.backend = f.layer.backend(Accumulation::kF64);
-    expect_error([&] { f.forward(); }, {"T = 6", "max_tokens_per_rank = 4"});
+    expect_error_mentions([&] { f.forward(); }, {"T = 6", "max_tokens_per_rank = 4"});
   }
 }
 
@@ -654,45 +643,45 @@ TEST(ReferenceMoe, BadWeightsAndConfigNameFieldAndLimit) {
                      encode_exact(layer.experts[0].w2, ExactLayer::H, ExactLayer::I, WeightFormat::kFp8Block)};
   ExpertWeights bad = good;
   bad.w13.block_scales.resize(3);  // [2, 2] expected
-  expect_error([&] { backend->load_expert(0, bad); }, {"expert 0 w13", "block_scales has 3", "expected 4"});
+  expect_error_mentions([&] { backend->load_expert(0, bad); }, {"expert 0 w13", "block_scales has 3", "expected 4"});
   bad = good;
   bad.w2.rows = 128;
-  expect_error([&] { backend->load_expert(1, bad); }, {"expert 1 w2 shape = [128, 128]", "must be [256, 128]"});
+  expect_error_mentions([&] { backend->load_expert(1, bad); }, {"expert 1 w2 shape = [128, 128]", "must be [256, 128]"});
   bad = good;
   bad.w13.format = WeightFormat::kBf16;
-  expect_error([&] { backend->load_expert(0, bad); }, {"w13.format = bf16", "weight_format = fp8_block"});
-  expect_error([&] { backend->load_expert(4, good); }, {"local_expert = 4", "num_local_experts = 4"});
-  expect_error([&] { backend->load_shared_expert(good); }, {"shared_intermediate = 0"});
+  expect_error_mentions([&] { backend->load_expert(0, bad); }, {"w13.format = bf16", "weight_format = fp8_block"});
+  expect_error_mentions([&] { backend->load_expert(4, good); }, {"local_expert = 4", "num_local_experts = 4"});
+  expect_error_mentions([&] { backend->load_shared_expert(good); }, {"shared_intermediate = 0"});
   // Forward with an expert that was never loaded.
   BadInputFixture f;
   f.backend = make_reference_backend(layer.config);
   f.backend->load_expert(0, good);
-  expect_error([&] { f.forward(); }, {"topk_ids[0, 1] = 1", "never loaded"});
+  expect_error_mentions([&] { f.forward(); }, {"topk_ids[0, 1] = 1", "never loaded"});
   // Config.
   MoeConfig c = layer.config;
   c.hidden = 100;
-  expect_error([&] { c.validate(); }, {"hidden = 100", "multiple of 128", "fp8_block"});
+  expect_error_mentions([&] { c.validate(); }, {"hidden = 100", "multiple of 128", "fp8_block"});
   c = layer.config;
   c.top_k = 5;
-  expect_error([&] { c.validate(); }, {"top_k = 5", "num_experts = 4"});
+  expect_error_mentions([&] { c.validate(); }, {"top_k = 5", "num_experts = 4"});
   c = layer.config;
   c.activation.kind = Activation::Kind::kSwigluClamped;
   c.activation.limit = -1;
-  expect_error([&] { c.validate(); }, {"activation.limit = -1"});
+  expect_error_mentions([&] { c.validate(); }, {"activation.limit = -1"});
   c = layer.config;
   c.max_tokens_per_rank = 0;
-  expect_error([&] { c.validate(); }, {"max_tokens_per_rank = 0"});
+  expect_error_mentions([&] { c.validate(); }, {"max_tokens_per_rank = 0"});
   c = layer.config;
   c.weight_format = WeightFormat::kBf16;
   c.intermediate = 12;
-  expect_error([&] { c.validate(); }, {"intermediate = 12", "multiple of 8"});
+  expect_error_mentions([&] { c.validate(); }, {"intermediate = 12", "multiple of 8"});
 }
 
 TEST(ReferenceMoe, DestroyIsIdempotentAndLaterCallsThrow) {
   BadInputFixture f;
   f.backend->destroy();
   f.backend->destroy();
-  expect_error([&] { f.forward(); }, {"forward", "destroyed"});
+  expect_error_mentions([&] { f.forward(); }, {"forward", "destroyed"});
   EXPECT_TRUE(f.out_untouched());
 }
 

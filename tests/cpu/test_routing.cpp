@@ -9,10 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "cpu/formats_test_util.h"
 #include "megamoe/error.h"
 #include "megamoe/routing.h"
 
 using namespace megamoe;
+using megamoe::test::expect_error_mentions;
 
 namespace {
 
@@ -38,15 +40,12 @@ Routed route(const RouterConfig& config, const std::vector<float>& logits, const
   return r;
 }
 
-// Expects `fn` to throw megamoe::Error whose message contains every string in `needles`.
-template <typename Fn>
-void expect_error(Fn fn, std::initializer_list<const char*> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected megamoe::Error";
-  } catch (const Error& e) {
-    for (const char* needle : needles) EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
+RouterConfig config_of(RouterKind kind, int num_experts, int top_k) {
+  RouterConfig config;
+  config.kind = kind;
+  config.num_experts = num_experts;
+  config.top_k = top_k;
+  return config;
 }
 
 double softmax_prob(const std::vector<float>& row, int e) {
@@ -118,10 +117,7 @@ TEST(Routing, PaddingRowsGetMinusOneAndZero) {
 
 TEST(Routing, NaNLogitsNeverSelectedNorNaNWeights) {
   for (RouterKind kind : {RouterKind::kSoftmaxTopK, RouterKind::kSigmoidGrouped, RouterKind::kSqrtSoftplus}) {
-    RouterConfig config;
-    config.kind = kind;
-    config.num_experts = 6;
-    config.top_k = 3;
+    RouterConfig config = config_of(kind, 6, 3);
     // Row 0: NaN at the would-be best expert; row 1: only two valid experts; row 2: all NaN.
     std::vector<float> logits = {kNaN, 1.0f, 2.0f, -1.0f, 0.5f, 0.0f,  //
                                  kNaN, kNaN, 3.0f, kNaN, kNaN, -2.0f,  //
@@ -146,10 +142,7 @@ TEST(Routing, NaNLogitsNeverSelectedNorNaNWeights) {
 
 TEST(Routing, TiesGoToLowestIdInDescendingOrder) {
   for (RouterKind kind : {RouterKind::kSoftmaxTopK, RouterKind::kSigmoidGrouped, RouterKind::kSqrtSoftplus}) {
-    RouterConfig config;
-    config.kind = kind;
-    config.num_experts = 8;
-    config.top_k = 4;
+    RouterConfig config = config_of(kind, 8, 4);
     const std::vector<float> logits = {0.5f, 1.0f, 0.5f, 1.0f, 1.0f, 0.5f, 0.25f, 1.0f};
     const Routed r = route(config, logits);
     EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 3, 4, 7})) << router_kind_name(kind);
@@ -160,10 +153,7 @@ TEST(Routing, TiesGoToLowestIdInDescendingOrder) {
 }
 
 TEST(Routing, CorrectionBiasSelectsButDoesNotWeigh) {
-  RouterConfig config;
-  config.kind = RouterKind::kSigmoidGrouped;
-  config.num_experts = 4;
-  config.top_k = 2;
+  RouterConfig config = config_of(RouterKind::kSigmoidGrouped, 4, 2);
   config.routed_scaling_factor = 2.5f;
   const std::vector<float> logits = {2.0f, 1.0f, 0.0f, -1.0f};
   const float bias[4] = {0.0f, 0.0f, 0.0f, 1.0f};  // lifts expert 3 (0.269 + 1) above expert 0 (0.881)
@@ -179,10 +169,7 @@ TEST(Routing, CorrectionBiasSelectsButDoesNotWeigh) {
 }
 
 TEST(Routing, GroupLimitedSelectionUsesTopTwoSum) {
-  RouterConfig config;
-  config.kind = RouterKind::kSigmoidGrouped;
-  config.num_experts = 8;
-  config.top_k = 2;
+  RouterConfig config = config_of(RouterKind::kSigmoidGrouped, 8, 2);
   config.num_groups = 4;
   config.top_k_groups = 2;
   config.renormalize = false;
@@ -200,11 +187,21 @@ TEST(Routing, GroupLimitedSelectionUsesTopTwoSum) {
   EXPECT_EQ(three.ids, (std::vector<int32_t>{0, 2, 3, 4}));
 }
 
+TEST(Routing, GroupScoresUseBiasedScoresWeightsDoNot) {
+  RouterConfig config = config_of(RouterKind::kSigmoidGrouped, 8, 2);
+  config.num_groups = 4;
+  config.top_k_groups = 1;
+  config.routed_scaling_factor = 2.0f;
+  // Equal logits (sigmoid 0.5 everywhere): only the biases decide. Expert 5 has the best single
+  // biased score (0.75) but its group {4, 5} sums 1.25 < group {6, 7}'s 2 * 0.65625 = 1.3125.
+  const float bias[8] = {0, 0, 0, 0, 0, 0.25f, 0.15625f, 0.15625f};
+  const Routed r = route(config, std::vector<float>(8, 0.0f), bias);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{6, 7}));
+  EXPECT_EQ(r.weights, (std::vector<float>{1.0f, 1.0f}));  // (0.5 / 1.0) * 2, the bias not included
+}
+
 TEST(Routing, SqrtSoftplusWeightsAndZeroSum) {
-  RouterConfig config;
-  config.kind = RouterKind::kSqrtSoftplus;
-  config.num_experts = 4;
-  config.top_k = 2;
+  RouterConfig config = config_of(RouterKind::kSqrtSoftplus, 4, 2);
   config.routed_scaling_factor = 1.5f;
   // l > 20 -> softplus(l) = l exactly: s = sqrt(36) = 6 and sqrt(25) = 5.
   const Routed r = route(config, {36.0f, 25.0f, 3.0f, -1.0f});
@@ -223,10 +220,7 @@ TEST(Routing, SqrtSoftplusWeightsAndZeroSum) {
 }
 
 TEST(Routing, HashIdsFromTableWeightsFromScores) {
-  RouterConfig config;
-  config.kind = RouterKind::kHash;
-  config.num_experts = 8;
-  config.top_k = 2;
+  RouterConfig config = config_of(RouterKind::kHash, 8, 2);
   config.hash_score = ScoreFunction::kSqrtSoftplus;
   const std::vector<int32_t> table = {7, 1, 2, 3, 0, 5};  // vocab 3
   const std::vector<float> logits = {0, 64.0f, 0, 0, 0, 0, 0, 36.0f,   // token id 0 -> experts 7, 1
@@ -248,12 +242,12 @@ TEST(Routing, HashIdsFromTableWeightsFromScores) {
   EXPECT_EQ(weights[3], 0.0f);
   const int32_t bad_token[2] = {0, 3};
   in.token_ids = bad_token;
-  expect_error([&] { route_reference(config, in, ids.data(), weights.data()); }, {"token_ids[1] = 3", "hash_vocab = 3"});
+  expect_error_mentions([&] { route_reference(config, in, ids.data(), weights.data()); }, {"token_ids[1] = 3", "hash_vocab = 3"});
   std::vector<int32_t> bad_table = table;
   bad_table[1] = 8;
   in.token_ids = token_ids;
   in.hash_table = bad_table.data();
-  expect_error([&] { route_reference(config, in, ids.data(), weights.data()); }, {"hash_table[0, 1] = 8", "num_experts = 8"});
+  expect_error_mentions([&] { route_reference(config, in, ids.data(), weights.data()); }, {"hash_table[0, 1] = 8", "num_experts = 8"});
 }
 
 TEST(Routing, BadConfigurationsNameTheField) {
@@ -261,33 +255,29 @@ TEST(Routing, BadConfigurationsNameTheField) {
   base.kind = RouterKind::kSigmoidGrouped;
   base.num_experts = 8;
   base.top_k = 2;
-  RouterConfig c = base;
-  c.top_k = 9;
-  expect_error([&] { c.validate(); }, {"top_k = 9", "num_experts = 8"});
-  c = base;
-  c.top_k = 0;
-  expect_error([&] { c.validate(); }, {"top_k = 0"});
-  c = base;
-  c.num_groups = 3;
-  expect_error([&] { c.validate(); }, {"num_groups = 3", "divide num_experts = 8"});
-  c = base;
-  c.num_groups = 4;
-  c.top_k_groups = 5;
-  expect_error([&] { c.validate(); }, {"top_k_groups = 5", "num_groups = 4"});
-  c = base;
-  c.num_groups = 4;
-  c.top_k_groups = 1;
-  c.top_k = 3;
-  expect_error([&] { c.validate(); }, {"top_k = 3", "top_k_groups * experts per group"});
-  c = base;
-  c.routed_scaling_factor = 0.0f;
-  expect_error([&] { c.validate(); }, {"routed_scaling_factor = 0"});
-  c = base;
-  c.num_experts = 0;
-  expect_error([&] { c.validate(); }, {"num_experts = 0"});
-  expect_error([&] { route(base, {0, 1, 2, kInf, 4, 5, 6, 7}); }, {"logits[0, 3] = +inf"});
+  struct BadCase {
+    void (*mutate)(RouterConfig&);
+    std::vector<std::string> mentions;
+  };
+  const BadCase cases[] = {
+      {[](RouterConfig& c) { c.top_k = 9; }, {"top_k = 9", "num_experts = 8"}},
+      {[](RouterConfig& c) { c.top_k = 0; }, {"top_k = 0"}},
+      {[](RouterConfig& c) { c.num_groups = 3; }, {"num_groups = 3", "divide num_experts = 8"}},
+      {[](RouterConfig& c) { c.num_groups = 4, c.top_k_groups = 5; }, {"top_k_groups = 5", "num_groups = 4"}},
+      {[](RouterConfig& c) { c.num_groups = 4, c.top_k_groups = 1, c.top_k = 3; },
+       {"top_k = 3", "top_k_groups * experts per group"}},
+      {[](RouterConfig& c) { c.routed_scaling_factor = 0.0f; }, {"routed_scaling_factor = 0"}},
+      {[](RouterConfig& c) { c.num_experts = 0; }, {"num_experts = 0"}},
+      {[](RouterConfig& c) { c.kind = RouterKind::kHash, c.num_groups = 2; }, {"num_groups = 2", "hash"}},
+  };
+  for (const BadCase& bad : cases) {
+    RouterConfig c = base;
+    bad.mutate(c);
+    expect_error_mentions([&] { c.validate(); }, bad.mentions);
+  }
+  expect_error_mentions([&] { route(base, {0, 1, 2, kInf, 4, 5, 6, 7}); }, {"logits[0, 3] = +inf"});
   const float bad_bias[8] = {0, 0, kNaN, 0, 0, 0, 0, 0};
-  expect_error([&] { route(base, {0, 1, 2, 3, 4, 5, 6, 7}, bad_bias); }, {"correction_bias[2]"});
+  expect_error_mentions([&] { route(base, {0, 1, 2, 3, 4, 5, 6, 7}, bad_bias); }, {"correction_bias[2]"});
 }
 
 TEST(Routing, KindNamesRoundTrip) {
@@ -295,5 +285,5 @@ TEST(Routing, KindNamesRoundTrip) {
     EXPECT_EQ(parse_router_kind(router_kind_name(kind)), kind);
   EXPECT_EQ(parse_router_kind("DeepSeek-V3"), RouterKind::kSigmoidGrouped);
   EXPECT_EQ(parse_router_kind("dsv4"), RouterKind::kSqrtSoftplus);
-  expect_error([] { parse_router_kind("topk9"); }, {"topk9", "softmax_topk"});
+  expect_error_mentions([] { parse_router_kind("topk9"); }, {"topk9", "softmax_topk"});
 }

@@ -1,0 +1,246 @@
+// `megamoe bench ep`: EP dispatch/combine bandwidth and the staged layer, one process per GPU.
+//   megamoe bench ep --ranks 2 --tokens 4096 --hidden 7168            (dispatch + combine GB/s)
+//   megamoe bench ep --ranks 2 --staged --preset qwen3-30b --tokens 512  (staged forward time)
+// Rank 0 prints the table (and --json). Timing: median over --iters of per-phase CUDA events on
+// rank 0, each iteration after a device barrier.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tools/megamoe/command.h"
+
+#ifdef MEGAMOE_WITH_CUDA
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "megamoe/ep.h"
+#include "megamoe/ep_dispatch.h"
+#include "megamoe/error_cuda.h"
+#include "src/moe/staged_backend.h"
+
+namespace megamoe::tool {
+namespace {
+
+struct BenchEpOptions {
+  int ranks = 2, tokens = 4096, hidden = 7168, top_k = 8, experts = 256, intermediate = 2048, iters = 20;
+  bool staged = false;
+  std::string preset, format = "fp8", json;
+  uint64_t seed = 1234;
+};
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0f : v[v.size() / 2];
+}
+
+void apply_preset(BenchEpOptions& o) {
+  struct P { const char* name; int h, i, e, k; };
+  static const P presets[] = {{"dsv3", 7168, 2048, 256, 8}, {"ml3", 7168, 4096, 128, 4}, {"ms4", 4096, 2048, 128, 4},
+                              {"dsv4-flash", 4096, 2048, 256, 6}, {"qwen3-30b", 2048, 768, 128, 8}};
+  if (o.preset.empty()) return;
+  for (const auto& p : presets)
+    if (o.preset == p.name) {
+      o.hidden = p.h; o.intermediate = p.i; o.experts = p.e; o.top_k = p.k;
+      return;
+    }
+  MEGAMOE_FAIL("--preset '", o.preset, "' is not one of dsv3, ml3, ms4, dsv4-flash, qwen3-30b");
+}
+
+struct Inputs {
+  void *hidden = nullptr, *ids = nullptr, *weights = nullptr, *out = nullptr;
+  Inputs(const BenchEpOptions& o, int rank) {
+    std::mt19937 rng(static_cast<uint32_t>(o.seed + rank));
+    std::normal_distribution<float> normal;
+    std::vector<uint16_t> h(static_cast<size_t>(o.tokens) * o.hidden);
+    for (auto& v : h) {
+      const float f = normal(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      v = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+    }
+    std::vector<int32_t> topk(static_cast<size_t>(o.tokens) * o.top_k);
+    std::vector<float> w(topk.size());
+    for (int t = 0; t < o.tokens; ++t) {
+      std::vector<int> perm(o.experts);
+      for (int e = 0; e < o.experts; ++e) perm[e] = e;
+      for (int j = 0; j < o.top_k; ++j) {
+        std::swap(perm[j], perm[j + rng() % (o.experts - j)]);
+        topk[static_cast<size_t>(t) * o.top_k + j] = perm[j];
+        w[static_cast<size_t>(t) * o.top_k + j] = 0.1f + 0.9f * (rng() % 1000) / 1000.0f;
+      }
+    }
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&hidden, h.size() * 2));
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&out, h.size() * 2));
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&ids, topk.size() * 4));
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&weights, w.size() * 4));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(hidden, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(ids, topk.data(), topk.size() * 4, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(weights, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~Inputs() { cudaFree(hidden); cudaFree(out); cudaFree(ids); cudaFree(weights); }
+};
+
+void time_dispatch_combine(const BenchEpOptions& o, EpGroup& group, const TensorView& hidden, const TensorView& ids,
+                           const TensorView& weights, const TensorView& out, cudaStream_t stream, cudaEvent_t* ev,
+                           nlohmann::json& result) {
+    EpDispatcher io(group, EpDispatchConfig{o.hidden, o.top_k, o.experts, o.tokens, EpPayload::kFp8});
+    void* y = nullptr;
+    const size_t y_bytes = static_cast<size_t>(io.received().max_rows) * o.hidden * 2;
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&y, y_bytes));
+    MEGAMOE_CUDA_CHECK(cudaMemset(y, 0x3C, y_bytes));  // bf16 0x3C3C ~ 0.0115, not zero
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> dispatch_us, combine_us;
+    for (int it = 0; it < o.iters + 3; ++it) {
+      group.barrier(stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      io.dispatch(hidden, ids, weights, stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      io.combine(y, out, stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[2], stream));
+      group.synchronize(stream);
+      float a = 0, b = 0;
+      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
+      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&b, ev[1], ev[2]));
+      if (it >= 3) {
+        dispatch_us.push_back(a * 1000);
+        combine_us.push_back(b * 1000);
+      }
+    }
+    const auto traffic = io.last_remote_traffic(stream);
+    const float d = median(dispatch_us), c = median(combine_us);
+    result["dispatch_us"] = d;
+    result["combine_us"] = c;
+    result["dispatch_remote_bytes"] = traffic.dispatch_bytes;
+    result["combine_remote_bytes"] = traffic.combine_bytes;
+    result["dispatch_GBps"] = traffic.dispatch_bytes / (d * 1e3);
+    result["combine_GBps"] = traffic.combine_bytes / (c * 1e3);
+    cudaFree(y);
+    io.destroy();
+}
+
+int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
+  auto group = EpGroup::bootstrap(lr.rank, lr.ranks, lr.rendezvous);
+  cudaStream_t stream;
+  MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  group->warmup(stream);
+  Inputs in(o, lr.rank);
+  const auto hidden = TensorView::make2d(in.hidden, DType::kBF16, o.tokens, o.hidden, Device::kCuda);
+  const auto ids = TensorView::make2d(in.ids, DType::kI32, o.tokens, o.top_k, Device::kCuda);
+  const auto weights = TensorView::make2d(in.weights, DType::kF32, o.tokens, o.top_k, Device::kCuda);
+  const auto out = TensorView::make2d(in.out, DType::kBF16, o.tokens, o.hidden, Device::kCuda);
+  cudaEvent_t ev[3];
+  for (auto& e : ev) MEGAMOE_CUDA_CHECK(cudaEventCreate(&e));
+  nlohmann::json result = {{"ranks", lr.ranks}, {"staged", false}, {"tokens_per_rank", o.tokens}, {"hidden", o.hidden},
+                           {"top_k", o.top_k}, {"experts", o.experts}};
+  time_dispatch_combine(o, *group, hidden, ids, weights, out, stream, ev, result);
+  if (o.staged) {
+    MoeConfig config;
+    config.hidden = o.hidden;
+    config.intermediate = o.intermediate;
+    config.num_experts = o.experts;
+    config.top_k = o.top_k;
+    config.weight_format = parse_weight_format(o.format);
+    config.max_tokens_per_rank = o.tokens;
+    auto backend = make_staged_backend(config, group.get());
+    const bool fp8 = config.weight_format == WeightFormat::kFp8Block;
+    std::mt19937 rng(static_cast<uint32_t>(o.seed));
+    auto fill = [&](formats::QuantizedMatrix& m, int64_t rows, int64_t cols) {
+      m.format = config.weight_format;
+      m.rows = rows;
+      m.cols = cols;
+      m.data.resize(rows * cols * (fp8 ? 1 : 2));
+      // fp8: random finite e4m3 codes with |v| <= 2; bf16: random values in [-1/16, 1/16).
+      for (size_t i = 0; i < m.data.size(); ++i) m.data[i] = fp8 ? static_cast<uint8_t>(rng() % 0x40 | (rng() & 0x80)) : 0;
+      if (!fp8)
+        for (size_t i = 0; i < m.data.size(); i += 2) {
+          const uint16_t b = static_cast<uint16_t>(0x3D00 + rng() % 0x100) | static_cast<uint16_t>((rng() & 1) << 15);
+          std::memcpy(&m.data[i], &b, 2);
+        }
+      if (fp8) m.block_scales.assign(((rows + 127) / 128) * ((cols + 127) / 128), 1.0f / 256);
+    };
+    ExpertWeights w;
+    fill(w.w13, 2 * o.intermediate, o.hidden);
+    fill(w.w2, o.hidden, o.intermediate);
+    for (int e = 0; e < backend->num_local_experts(); ++e) backend->load_expert(e, w);
+    backend->warmup(stream);
+    MoeInputs inputs{hidden, ids, weights};
+    MoeOutputs outputs{out};
+    std::vector<float> forward_us;
+    for (int it = 0; it < o.iters + 2; ++it) {
+      group->barrier(stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[0], stream));
+      backend->forward(inputs, outputs, stream);
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[1], stream));
+      group->synchronize(stream);
+      float a = 0;
+      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
+      if (it >= 2) forward_us.push_back(a * 1000);
+    }
+    const float t = median(forward_us);
+    const double flops = 2.0 * o.tokens * o.top_k * 3.0 * o.hidden * o.intermediate;
+    result["staged"] = true;
+    result["format"] = o.format;
+    result["preset"] = o.preset;
+    result["intermediate"] = o.intermediate;
+    result["forward_us"] = t;
+    result["TFLOPs"] = flops / (t * 1e6);
+    result["expert_gemm"] = fp8 ? "sm90 wgmma grouped GEMM" : "TEMPORARY simt grouped GEMM";
+    result["gemm_and_rest_us"] = t - result["dispatch_us"].get<float>() - result["combine_us"].get<float>();
+    backend->destroy();
+  }
+  group->destroy();
+  cudaStreamDestroy(stream);
+  if (lr.rank == 0) {
+    {
+      std::printf("| mode | ranks | tokens/rank | H | k | E | dispatch us | dispatch GB/s | combine us | combine GB/s |\n");
+      std::printf("| dispatch+combine | %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f |\n", lr.ranks, o.tokens,
+                  o.hidden, o.top_k, o.experts, result["dispatch_us"].get<float>(), result["dispatch_GBps"].get<double>(),
+                  result["combine_us"].get<float>(), result["combine_GBps"].get<double>());
+    }
+    if (o.staged) {
+      std::printf("| mode | ranks | tokens/rank | H | I | E | k | format | forward us | TFLOP/s | forward - dispatch - combine us | expert GEMM |\n");
+      std::printf("| staged | %d | %d | %d | %d | %d | %d | %s | %.1f | %.2f | %.1f | %s |\n", lr.ranks, o.tokens,
+                  o.hidden, o.intermediate, o.experts, o.top_k, o.format.c_str(), result["forward_us"].get<float>(),
+                  result["TFLOPs"].get<double>(), result["gemm_and_rest_us"].get<float>(),
+                  result["expert_gemm"].get<std::string>().c_str());
+    }
+    if (!o.json.empty()) std::ofstream(o.json) << result.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+MEGAMOE_SUBCOMMAND("bench", "ep", "EP dispatch/combine bandwidth and the staged layer (one process per GPU)",
+                   [](CLI::App& app) -> std::function<int()> {
+  auto o = std::make_shared<BenchEpOptions>();
+  app.add_option("--ranks", o->ranks, "processes (GPUs)");
+  app.add_option("--tokens", o->tokens, "tokens per rank (also the capacity)");
+  app.add_option("--hidden", o->hidden);
+  app.add_option("--intermediate", o->intermediate);
+  app.add_option("--top-k", o->top_k);
+  app.add_option("--experts", o->experts);
+  app.add_option("--iters", o->iters);
+  app.add_option("--preset", o->preset, "dsv3 | ml3 | ms4 | dsv4-flash | qwen3-30b");
+  app.add_option("--format", o->format, "fp8 | bf16 (staged)");
+  app.add_flag("--staged", o->staged, "time the staged layer instead of dispatch+combine alone");
+  app.add_option("--json", o->json, "write rank 0's result here");
+  return [o]() -> int {
+    apply_preset(*o);
+    LaunchedRank lr;
+    if (launched_rank_from_env(&lr)) return run_rank(*o, lr);
+    return relaunch_self_on_ranks(o->ranks, 600);
+  };
+});
+
+}  // namespace megamoe::tool
+#endif  // MEGAMOE_WITH_CUDA

@@ -1,0 +1,300 @@
+// `megamoe bench gemm`: times the FP8-block grouped GEMMs (GEMM 1 with the fused SiLU-mul + requant
+// epilogue, GEMM 2 with BF16 out) over `experts` experts of `rows` rows each, and, in the same run,
+// cuBLASLt dense FP8 (per-tensor scales, fast accumulation on) and cuBLAS BF16 on the same FLOPs
+// (one dense [M_total, K] x [K, N] GEMM) as the ratio's denominator.
+// Every timed launch is preceded by a 256 MiB memset so that L2 (50 MiB) holds none of its inputs;
+// the figure is the median over `repeats` launches, each timed by its own CUDA events.
+#include "bench/grouped_gemm_bench.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#ifdef MEGAMOE_WITH_CUDA
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "megamoe/error_cuda.h"
+#include "src/kernels/grouped_gemm.h"
+#endif
+
+namespace megamoe::bench {
+
+#ifndef MEGAMOE_WITH_CUDA
+int run_gemm_bench(const GemmBenchOptions&) {
+  std::fprintf(stderr, "bench gemm needs a CUDA build (MEGAMOE_ENABLE_CUDA=ON)\n");
+  return 1;
+}
+#else
+namespace {
+
+struct ExpertShape {
+  std::string name;
+  int hidden, intermediate;
+};
+
+const std::vector<ExpertShape>& known_shapes() {
+  static const std::vector<ExpertShape> shapes{
+      {"dsv3", 7168, 2048}, {"ml3", 7168, 4096}, {"ms4", 4096, 2048}, {"dsv4-flash", 4096, 2048}, {"qwen3-30b", 2048, 768}};
+  return shapes;
+}
+
+#define BENCH_CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                             \
+    const cublasStatus_t bench_status = (call);                                                    \
+    MEGAMOE_CHECK(bench_status == CUBLAS_STATUS_SUCCESS, #call, " failed with cuBLAS status ",     \
+                  static_cast<int>(bench_status));                                                 \
+  } while (0)
+
+struct Device {
+  void* data = nullptr;
+  size_t bytes = 0;
+  explicit Device(size_t size) : bytes(size) { MEGAMOE_CUDA_CHECK(cudaMalloc(&data, std::max<size_t>(size, 256))); }
+  ~Device() { cudaFree(data); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+// Fills a device buffer by tiling a random host chunk (never zeros).
+enum class Fill { kE4M3, kScale, kBf16 };
+void fill_random(const Device& buffer, Fill kind, uint64_t seed) {
+  constexpr size_t kChunk = size_t{8} << 20;
+  std::vector<uint8_t> chunk(kChunk);
+  std::mt19937_64 rng(seed);
+  if (kind == Fill::kE4M3) {  // |value| in [2^-9, 1.875]: codes with exponent field <= 7, random sign
+    for (auto& b : chunk) b = static_cast<uint8_t>((rng() & 0x3F) | (rng() & 0x80)) | 1;
+  } else if (kind == Fill::kScale) {
+    std::uniform_real_distribution<float> scale(0.5e-2f, 1e-2f);
+    auto* floats = reinterpret_cast<float*>(chunk.data());
+    for (size_t i = 0; i < kChunk / 4; ++i) floats[i] = scale(rng);
+  } else {
+    std::normal_distribution<float> normal(0.0f, 0.05f);
+    auto* halves = reinterpret_cast<uint16_t*>(chunk.data());
+    for (size_t i = 0; i < kChunk / 2; ++i) {
+      float v = normal(rng);
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      halves[i] = static_cast<uint16_t>(bits >> 16);
+    }
+  }
+  for (size_t offset = 0; offset < buffer.bytes; offset += kChunk)
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(buffer.data) + offset, chunk.data(),
+                                  std::min(kChunk, buffer.bytes - offset), cudaMemcpyHostToDevice));
+}
+
+class Timer {
+ public:
+  explicit Timer(int repeats) : repeats_(repeats), flush_(size_t{256} << 20) {
+    MEGAMOE_CUDA_CHECK(cudaEventCreate(&start_));
+    MEGAMOE_CUDA_CHECK(cudaEventCreate(&stop_));
+  }
+  ~Timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  template <typename Launch>
+  double median_us(Launch&& launch) {
+    launch();  // warm-up (tensor maps, cuBLAS heuristics, lazy module load)
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> ms(repeats_);
+    for (int i = 0; i < repeats_; ++i) {
+      MEGAMOE_CUDA_CHECK(cudaMemsetAsync(flush_.data, i & 0xFF, flush_.bytes));
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(start_));
+      launch();
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(stop_));
+      MEGAMOE_CUDA_CHECK(cudaEventSynchronize(stop_));
+      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&ms[i], start_, stop_));
+    }
+    std::nth_element(ms.begin(), ms.begin() + repeats_ / 2, ms.end());
+    return ms[repeats_ / 2] * 1000.0;
+  }
+
+ private:
+  int repeats_;
+  Device flush_;
+  cudaEvent_t start_{}, stop_{};
+};
+
+// Dense D[M, N] (bf16, row-major) = X[M, K] * W[N, K]^T with FP8 E4M3 operands through cuBLASLt.
+class DenseFp8 {
+ public:
+  DenseFp8(cublasLtHandle_t handle, int64_t m, int n, int k, void* workspace, size_t workspace_bytes)
+      : handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes) {
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t transpose = CUBLAS_OP_T, none = CUBLAS_OP_N;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &none, sizeof(none)));
+    const int8_t fast_accumulation = 1;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accumulation,
+                                                      sizeof(fast_accumulation)));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a_, CUDA_R_8F_E4M3, k, n, k));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b_, CUDA_R_8F_E4M3, k, m, k));
+    BENCH_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d_, CUDA_R_16BF, n, m, n));
+    cublasLtMatmulPreference_t preference;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &workspace_bytes_, sizeof(workspace_bytes_)));
+    int found = 0;
+    BENCH_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, op_, a_, b_, d_, d_, preference, 1, &heuristic_, &found));
+    cublasLtMatmulPreferenceDestroy(preference);
+    MEGAMOE_CHECK(found > 0, "cuBLASLt found no FP8 algorithm for M ", m, " N ", n, " K ", k);
+  }
+  ~DenseFp8() {
+    cublasLtMatrixLayoutDestroy(a_);
+    cublasLtMatrixLayoutDestroy(b_);
+    cublasLtMatrixLayoutDestroy(d_);
+    cublasLtMatmulDescDestroy(op_);
+  }
+  void run(const void* w, const void* x, void* d) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    BENCH_CUBLAS_CHECK(cublasLtMatmul(handle_, op_, &alpha, w, a_, x, b_, &beta, d, d_, d, d_, &heuristic_.algo,
+                                      workspace_, workspace_bytes_, nullptr));
+  }
+
+ private:
+  cublasLtHandle_t handle_;
+  void* workspace_;
+  size_t workspace_bytes_;
+  cublasLtMatmulDesc_t op_{};
+  cublasLtMatrixLayout_t a_{}, b_{}, d_{};
+  cublasLtMatmulHeuristicResult_t heuristic_{};
+};
+
+struct Point {
+  std::string model, gemm;
+  int rows = 0, experts = 0;
+  int64_t n = 0, k = 0;
+  double us = 0, cublas_fp8_us = 0, cublas_bf16_us = 0;
+  double flops() const { return 2.0 * rows * experts * n * k; }
+  double weight_bytes() const { return static_cast<double>(experts) * n * k * (1.0 + 4.0 / (128.0 * 128.0)); }
+};
+
+}  // namespace
+
+int run_gemm_bench(const GemmBenchOptions& options) {
+  MEGAMOE_CHECK(options.experts >= 1 && options.experts <= 1024, "--experts = ", options.experts, " must be in [1, 1024]");
+  MEGAMOE_CHECK(options.repeats >= 1, "--repeats must be >= 1");
+  const int max_rows = *std::max_element(options.rows_per_expert.begin(), options.rows_per_expert.end());
+  cublasLtHandle_t lt;
+  cublasHandle_t blas;
+  BENCH_CUBLAS_CHECK(cublasLtCreate(&lt));
+  BENCH_CUBLAS_CHECK(cublasCreate(&blas));
+  const size_t workspace_bytes = size_t{64} << 20;
+  Device workspace(workspace_bytes);
+  BENCH_CUBLAS_CHECK(cublasSetWorkspace(blas, workspace.data, workspace_bytes));
+  Timer timer(options.repeats);
+  std::vector<Point> points;
+  std::printf("%-10s %5s %5s | %9s %8s %8s | %9s %8s %6s | %8s\n", "model", "rows", "gemm", "ours_us", "TFLOP/s",
+              "wGB/s", "cublas_us", "TFLOP/s", "ratio", "bf16TF/s");
+  for (const std::string& model : options.models) {
+    const auto found = std::find_if(known_shapes().begin(), known_shapes().end(),
+                                    [&](const ExpertShape& s) { return s.name == model; });
+    MEGAMOE_CHECK(found != known_shapes().end(), "--models: unknown model '", model, "'");
+    const int64_t E = options.experts, H = found->hidden, I = found->intermediate;
+    const int64_t max_m = static_cast<int64_t>(max_rows) * E;
+    Device w13(E * 2 * I * H), w13_scales(E * (2 * I / 128) * (H / 128) * 4);
+    Device w2(E * H * I), w2_scales(E * (H / 128) * (I / 128) * 4);
+    Device x(max_m * H), x_scales(max_m * (H / 128) * 4), topk(max_m * 4);
+    Device h(max_m * I), h_scales(max_m * (I / 128) * 4), out(max_m * H * 2);
+    const int64_t max_k = H, max_n = std::max(2 * I, H);
+    Device dense_x_bf16(max_m * max_k * 2), dense_w_bf16(max_n * max_k * 2), dense_out(max_m * max_n * 2);
+    fill_random(w13, Fill::kE4M3, 1);
+    fill_random(w2, Fill::kE4M3, 2);
+    fill_random(x, Fill::kE4M3, 3);
+    fill_random(h, Fill::kE4M3, 4);
+    fill_random(w13_scales, Fill::kScale, 5);
+    fill_random(w2_scales, Fill::kScale, 6);
+    fill_random(x_scales, Fill::kScale, 7);
+    fill_random(h_scales, Fill::kScale, 8);
+    fill_random(topk, Fill::kScale, 9);
+    fill_random(dense_x_bf16, Fill::kBf16, 10);
+    fill_random(dense_w_bf16, Fill::kBf16, 11);
+    for (int rows : options.rows_per_expert) {
+      std::vector<int32_t> host_offsets(E + 1);
+      for (int64_t e = 0; e <= E; ++e) host_offsets[e] = static_cast<int32_t>(e * rows);
+      Device offsets(host_offsets.size() * 4);
+      MEGAMOE_CUDA_CHECK(cudaMemcpy(offsets.data, host_offsets.data(), offsets.bytes, cudaMemcpyHostToDevice));
+      const int64_t m = static_cast<int64_t>(rows) * E;
+      for (int which = 1; which <= 2; ++which) {
+        Point p;
+        p.model = model;
+        p.gemm = which == 1 ? "gemm1" : "gemm2";
+        p.rows = rows;
+        p.experts = static_cast<int>(E);
+        p.n = which == 1 ? 2 * I : H;
+        p.k = which == 1 ? H : I;
+        if (which == 1) {
+          kernels::GroupedGemm1Fp8Args args;
+          args.a = x.as<uint8_t>();
+          args.a_scales = x_scales.as<float>();
+          args.weights = w13.as<uint8_t>();
+          args.weight_scales = w13_scales.as<float>();
+          args.expert_offsets = offsets.as<int32_t>();
+          args.topk_weights = topk.as<float>();
+          args.out = h.as<uint8_t>();
+          args.out_scales = h_scales.as<float>();
+          args.m_capacity = m;
+          args.num_experts = static_cast<int>(E);
+          args.hidden = static_cast<int>(H);
+          args.intermediate = static_cast<int>(I);
+          args.rows_per_expert_hint = rows;
+          p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
+        } else {
+          kernels::GroupedGemm2Fp8Args args;
+          args.a = h.as<uint8_t>();
+          args.a_scales = h_scales.as<float>();
+          args.weights = w2.as<uint8_t>();
+          args.weight_scales = w2_scales.as<float>();
+          args.expert_offsets = offsets.as<int32_t>();
+          args.out = out.as<uint16_t>();
+          args.m_capacity = m;
+          args.num_experts = static_cast<int>(E);
+          args.hidden = static_cast<int>(H);
+          args.intermediate = static_cast<int>(I);
+          args.rows_per_expert_hint = rows;
+          p.us = timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); });
+        }
+        const void* dense_w = which == 1 ? w13.data : w2.data;
+        const void* dense_x = which == 1 ? x.data : h.data;
+        DenseFp8 dense(lt, m, static_cast<int>(p.n), static_cast<int>(p.k), workspace.data, workspace_bytes);
+        p.cublas_fp8_us = timer.median_us([&] { dense.run(dense_w, dense_x, dense_out.data); });
+        const float alpha = 1.0f, beta = 0.0f;
+        p.cublas_bf16_us = timer.median_us([&] {
+          BENCH_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(m),
+                                          static_cast<int>(p.k), &alpha, dense_w_bf16.data, CUDA_R_16BF,
+                                          static_cast<int>(p.k), dense_x_bf16.data, CUDA_R_16BF, static_cast<int>(p.k),
+                                          &beta, dense_out.data, CUDA_R_16BF, static_cast<int>(p.n),
+                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        });
+        std::printf("%-10s %5d %5s | %9.1f %8.1f %8.1f | %9.1f %8.1f %6.2f | %8.1f\n", model.c_str(), rows,
+                    p.gemm.c_str(), p.us, p.flops() / p.us * 1e-6, p.weight_bytes() / p.us * 1e-3, p.cublas_fp8_us,
+                    p.flops() / p.cublas_fp8_us * 1e-6, p.cublas_fp8_us / p.us, p.flops() / p.cublas_bf16_us * 1e-6);
+        std::fflush(stdout);
+        points.push_back(p);
+      }
+    }
+  }
+  cublasDestroy(blas);
+  cublasLtDestroy(lt);
+  if (!options.json_path.empty()) {
+    nlohmann::json records = nlohmann::json::array();
+    for (const Point& p : points)
+      records.push_back({{"model", p.model}, {"gemm", p.gemm}, {"rows_per_expert", p.rows}, {"experts", p.experts},
+                         {"n", p.n}, {"k", p.k}, {"us", p.us}, {"tflops", p.flops() / p.us * 1e-6},
+                         {"weight_gbps", p.weight_bytes() / p.us * 1e-3}, {"cublas_fp8_us", p.cublas_fp8_us},
+                         {"cublas_fp8_tflops", p.flops() / p.cublas_fp8_us * 1e-6},
+                         {"ratio_vs_cublas_fp8", p.cublas_fp8_us / p.us}, {"cublas_bf16_us", p.cublas_bf16_us},
+                         {"cublas_bf16_tflops", p.flops() / p.cublas_bf16_us * 1e-6}});
+    std::ofstream(options.json_path) << records.dump(2) << "\n";
+  }
+  return 0;
+}
+#endif
+
+}  // namespace megamoe::bench

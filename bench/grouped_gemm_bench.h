@@ -1,0 +1,20 @@
+// `megamoe bench gemm`: grouped FP8-block expert GEMMs vs cuBLASLt dense FP8 / cuBLAS BF16 on the same FLOPs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace megamoe::bench {
+
+struct GemmBenchOptions {
+  std::vector<std::string> models{"dsv3", "ml3", "ms4", "dsv4-flash", "qwen3-30b"};
+  std::vector<int> rows_per_expert{8, 32, 128, 512, 1024, 2048, 4096};
+  int experts = 32;
+  int repeats = 20;
+  std::string json_path;  // empty: no JSON file
+};
+
+// Prints a table to stdout (and JSON to options.json_path); returns the process exit code.
+int run_gemm_bench(const GemmBenchOptions& options);
+
+}  // namespace megamoe::bench

@@ -1,0 +1,422 @@
+#include "bench/layer_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <numeric>
+
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+#include "megamoe/moe.h"
+#include "megamoe/routing.h"
+
+#include "src/backends/registry.h"
+
+#ifdef MEGAMOE_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "megamoe/ep.h"
+#include "megamoe/error_cuda.h"
+#endif
+
+namespace megamoe::bench {
+namespace {
+
+std::string lowered(std::string_view name) {
+  std::string out(name);
+  for (char& c : out) c = c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// splitmix64: fast, seeded, and identical on every platform (std distributions are not).
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
+  float normal() {  // Box-Muller
+    return static_cast<float>(std::sqrt(-2.0 * std::log(uniform())) * std::cos(6.283185307179586 * uniform()));
+  }
+
+ private:
+  uint64_t state_;
+};
+
+ExpertWeights make_expert(const LayerShape& shape, WeightFormat format, Rng& rng) {
+  auto random_matrix = [&](int64_t rows, int64_t cols) {
+    std::vector<float> m(static_cast<size_t>(rows * cols));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
+    for (float& v : m) v = rng.normal() * scale;
+    return m;
+  };
+  const int64_t H = shape.hidden, I = shape.intermediate;
+  const std::vector<float> w13 = random_matrix(2 * I, H), w2 = random_matrix(H, I);
+  ExpertWeights weights;
+  weights.w13 = format == WeightFormat::kNvfp4 ? formats::quantize_nvfp4_per_half(w13.data(), 2 * I, H)
+                                                : formats::quantize(w13.data(), 2 * I, H, format);
+  weights.w2 = formats::quantize(w2.data(), H, I, format);
+  return weights;
+}
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  int64_t rows = 0;
+};
+
+Routing make_routing(const LayerBenchOptions& o, int tokens, Rng& rng) {
+  const int E = o.shape.experts;
+  std::vector<float> log_p(E, 0.0f);
+  if (o.routing == RoutingPattern::kZipf) {
+    std::vector<int> permutation(E);
+    std::iota(permutation.begin(), permutation.end(), 0);
+    for (int i = E - 1; i > 0; --i) std::swap(permutation[i], permutation[rng.next() % (i + 1)]);
+    for (int r = 0; r < E; ++r) log_p[permutation[r]] = static_cast<float>(-1.2 * std::log(r + 1.0));
+  } else if (o.routing == RoutingPattern::kOneRank) {
+    for (int e = E / o.ranks; e < E; ++e) log_p[e] = -std::numeric_limits<float>::infinity();
+  }
+  std::vector<float> logits(static_cast<size_t>(tokens) * E);
+  for (int t = 0; t < tokens; ++t)
+    for (int e = 0; e < E; ++e)
+      logits[static_cast<size_t>(t) * E + e] = log_p[e] - static_cast<float>(std::log(-std::log(rng.uniform())));
+  RouterConfig router;
+  router.kind = RouterKind::kSoftmaxTopK;
+  router.num_experts = E;
+  router.top_k = o.shape.top_k;
+  router.renormalize = true;
+  RouterInputs in;
+  in.logits = logits.data();
+  in.num_tokens = tokens;
+  Routing r;
+  r.ids.resize(static_cast<size_t>(tokens) * o.shape.top_k);
+  r.weights.resize(r.ids.size());
+  route_reference(router, in, r.ids.data(), r.weights.data());
+  r.rows = std::count_if(r.ids.begin(), r.ids.end(), [](int32_t id) { return id >= 0; });
+  return r;
+}
+
+MoeConfig layer_config(const LayerBenchOptions& o, int num_experts, int max_tokens) {
+  MoeConfig c;
+  c.hidden = o.shape.hidden;
+  c.intermediate = o.shape.intermediate;
+  c.num_experts = num_experts;
+  c.top_k = o.shape.top_k;
+  c.weight_format = o.format;
+  c.activation = o.activation;
+  c.apply_topk_in_fc1 = o.apply_topk_in_fc1;
+  c.max_tokens_per_rank = std::max(max_tokens, 1);
+  return c;
+}
+
+// A backend ready to run: CPU backends get the pool-compressed expert set (see layer_bench.h).
+struct PreparedBackend {
+  std::unique_ptr<MoeBackend> backend;
+  bool on_gpu = false;
+  int expert_modulus = 0;  // ids are taken mod this (the pool size) for CPU backends; 0 = as is
+};
+
+// GPU backends join the EP group `ep` (null for one rank); CPU backends always run alone.
+bool backend_needs_gpu(const std::string& name) {
+  for (const auto& entry : backends::registered_backends())
+    if (entry.name == normalize_backend_name(name)) return entry.capabilities().needs_gpu;
+  return false;  // unknown: make_backend reports it
+}
+
+PreparedBackend prepare(const std::string& name, const LayerBenchOptions& o, const std::vector<ExpertWeights>& pool,
+                        int max_tokens, EpGroup* ep = nullptr) {
+  PreparedBackend p;
+  p.backend = make_backend(name, layer_config(o, o.shape.experts, max_tokens), backend_needs_gpu(name) ? ep : nullptr);
+  p.on_gpu = p.backend->capabilities().needs_gpu;
+  const int D = static_cast<int>(pool.size());
+  if (!p.on_gpu && D < o.shape.experts) {
+    MoeConfig compressed = layer_config(o, o.shape.experts, max_tokens);
+    compressed.num_experts = D;
+    compressed.top_k = std::min(compressed.top_k, D);
+    MEGAMOE_CHECK(compressed.top_k == o.shape.top_k, "--distinct-experts = ", D, " must be >= top_k = ",
+                  o.shape.top_k, " for CPU backends");
+    p.backend = make_backend(name, compressed, nullptr);
+    p.expert_modulus = D;
+  }
+  for (int e = 0; e < p.backend->num_local_experts(); ++e)
+    p.backend->load_expert(e, pool[(p.backend->first_local_expert() + e) % D]);
+  p.backend->warmup(nullptr);
+  return p;
+}
+
+// Runs `iters` timed forwards (after `warmup`); returns per-iteration µs and the output of the last
+// run as bf16 bits, host side.
+std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o, const std::vector<uint16_t>& hidden,
+                                 const Routing& routing, int tokens, std::vector<uint16_t>& out_host) {
+  const int H = o.shape.hidden, K = o.shape.top_k;
+  std::vector<int32_t> ids = routing.ids;
+  if (p.expert_modulus > 0)
+    for (int32_t& id : ids) id = id < 0 ? id : id % p.expert_modulus;
+  out_host.assign(static_cast<size_t>(tokens) * H, 0xFFFF);  // poison: bf16 NaN
+  std::vector<double> us;
+  auto timed = [&](auto&& forward_once, auto&& now_us) {
+    for (int i = 0; i < o.warmup + o.iters; ++i) {
+      const double start = now_us();
+      forward_once();
+      const double elapsed = now_us() - start;
+      if (i >= o.warmup) us.push_back(elapsed);
+    }
+  };
+  if (!p.on_gpu) {
+    std::vector<uint16_t> hidden_copy(hidden.begin(), hidden.begin() + static_cast<size_t>(tokens) * H);
+    std::vector<float> weights = routing.weights;
+    MoeInputs in;
+    in.hidden = TensorView::make2d(hidden_copy.data(), DType::kBF16, tokens, H, Device::kCpu);
+    in.topk_ids = TensorView::make2d(ids.data(), DType::kI32, tokens, K, Device::kCpu);
+    in.topk_weights = TensorView::make2d(weights.data(), DType::kF32, tokens, K, Device::kCpu);
+    MoeOutputs out;
+    out.out = TensorView::make2d(out_host.data(), DType::kBF16, tokens, H, Device::kCpu);
+    timed([&] { p.backend->forward(in, out, nullptr); },
+          [] {
+            return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch())
+                .count();
+          });
+    return us;
+  }
+#ifdef MEGAMOE_WITH_CUDA
+  // Device path: inputs copied once; each forward timed with events on one stream.
+  const size_t hidden_bytes = static_cast<size_t>(tokens) * H * 2, slot_count = static_cast<size_t>(tokens) * K;
+  void *d_hidden = nullptr, *d_ids = nullptr, *d_weights = nullptr, *d_out = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaMalloc(&d_hidden, std::max<size_t>(hidden_bytes, 16)));
+  MEGAMOE_CUDA_CHECK(cudaMalloc(&d_out, std::max<size_t>(hidden_bytes, 16)));
+  MEGAMOE_CUDA_CHECK(cudaMalloc(&d_ids, std::max<size_t>(slot_count * 4, 16)));
+  MEGAMOE_CUDA_CHECK(cudaMalloc(&d_weights, std::max<size_t>(slot_count * 4, 16)));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(d_hidden, hidden.data(), hidden_bytes, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(d_ids, ids.data(), slot_count * 4, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(d_weights, routing.weights.data(), slot_count * 4, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemset(d_out, 0xFF, hidden_bytes));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t begin = nullptr, end = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaStreamCreate(&stream));
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&begin));
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&end));
+  MoeInputs in;
+  in.hidden = TensorView::make2d(d_hidden, DType::kBF16, tokens, H, Device::kCuda);
+  in.topk_ids = TensorView::make2d(d_ids, DType::kI32, tokens, K, Device::kCuda);
+  in.topk_weights = TensorView::make2d(d_weights, DType::kF32, tokens, K, Device::kCuda);
+  MoeOutputs out;
+  out.out = TensorView::make2d(d_out, DType::kBF16, tokens, H, Device::kCuda);
+  for (int i = 0; i < o.warmup + o.iters; ++i) {
+    MEGAMOE_CUDA_CHECK(cudaEventRecord(begin, stream));
+    p.backend->forward(in, out, stream);
+    MEGAMOE_CUDA_CHECK(cudaEventRecord(end, stream));
+    MEGAMOE_CUDA_CHECK(cudaEventSynchronize(end));
+    float ms = 0;
+    MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
+    if (i >= o.warmup) us.push_back(ms * 1000.0);
+  }
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(out_host.data(), d_out, hidden_bytes, cudaMemcpyDeviceToHost));
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  cudaStreamDestroy(stream);
+  for (void* ptr : {d_hidden, d_out, d_ids, d_weights}) cudaFree(ptr);
+  return us;
+#else
+  MEGAMOE_FAIL("backend ", p.backend->name(), " needs a GPU but this megamoe was built without CUDA");
+#endif
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+float bf16_value(uint16_t bits) { return formats::bf16_to_f32(bits); }
+
+}  // namespace
+
+const std::vector<LayerShape>& layer_presets() {
+  static const std::vector<LayerShape> presets = {
+      {"tiny", 256, 128, 8, 2},          {"dsv3", 7168, 2048, 256, 8},      {"ml3", 7168, 4096, 128, 4},
+      {"ms4", 4096, 2048, 128, 4},       {"dsv4-flash", 4096, 2048, 256, 6}, {"qwen3-30b", 2048, 768, 128, 8},
+  };
+  return presets;
+}
+
+LayerShape find_layer_preset(std::string_view name) {
+  std::string known;
+  for (const LayerShape& s : layer_presets()) {
+    if (s.name == lowered(name)) return s;
+    known += (known.empty() ? "" : ", ") + s.name;
+  }
+  MEGAMOE_FAIL("--preset '", name, "' is unknown; presets: ", known, " (or give --hidden --intermediate --experts --top-k)");
+}
+
+RoutingPattern parse_routing_pattern(std::string_view name) {
+  const std::string n = lowered(name);
+  if (n == "uniform") return RoutingPattern::kUniform;
+  if (n == "zipf" || n == "skewed") return RoutingPattern::kZipf;
+  if (n == "one-rank" || n == "onerank") return RoutingPattern::kOneRank;
+  MEGAMOE_FAIL("--routing '", name, "' is unknown; expected uniform, zipf or one-rank");
+}
+
+std::string_view routing_pattern_name(RoutingPattern pattern) {
+  switch (pattern) {
+    case RoutingPattern::kUniform: return "uniform";
+    case RoutingPattern::kZipf: return "zipf";
+    case RoutingPattern::kOneRank: return "one-rank";
+  }
+  return "?";
+}
+
+std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
+  // --ranks N > 1: this process is one rank started by launch_ranks (cmd_bench_layer relaunches
+  // itself); GPU backends share one EpGroup, every rank runs the same tokens, rank 0 reports.
+#ifdef MEGAMOE_WITH_CUDA
+  std::unique_ptr<EpGroup> group;
+  if (o.ranks > 1) {
+    LaunchedRank lr;
+    MEGAMOE_CHECK(launched_rank_from_env(&lr) && lr.ranks == o.ranks, "--ranks ", o.ranks,
+                  ": run_layer_bench must run in a process started by launch_ranks with ", o.ranks, " ranks");
+    group = EpGroup::bootstrap(lr.rank, lr.ranks, lr.rendezvous);
+  }
+  EpGroup* const ep = group.get();
+  const bool speak = !group || group->rank() == 0;
+#else
+  MEGAMOE_CHECK(o.ranks == 1, "--ranks ", o.ranks, ": multi-rank runs need a CUDA build");
+  EpGroup* const ep = nullptr;
+  const bool speak = true;
+#endif
+  MEGAMOE_CHECK(!o.backends.empty(), "--backend: give at least one backend (known: reference, staged, mega)");
+  MEGAMOE_CHECK(!o.tokens.empty(), "--tokens: give at least one token count");
+  for (int t : o.tokens) MEGAMOE_CHECK(t >= 0, "--tokens ", t, " must be >= 0");
+  MEGAMOE_CHECK(o.iters >= 1, "--iters ", o.iters, " must be >= 1");
+  MEGAMOE_CHECK(o.warmup >= 0, "--warmup ", o.warmup, " must be >= 0");
+  MEGAMOE_CHECK(o.check_tokens >= 1, "--check-tokens ", o.check_tokens, " must be >= 1");
+  MEGAMOE_CHECK(o.distinct_experts >= 1, "--distinct-experts ", o.distinct_experts, " must be >= 1");
+  layer_config(o, o.shape.experts, 1).validate();  // shape/format errors before any work
+
+  const int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
+  Rng rng(o.seed);
+  const int pool_size = std::min(o.distinct_experts, o.shape.experts);
+  std::vector<ExpertWeights> pool;
+  for (int e = 0; e < pool_size; ++e) pool.push_back(make_expert(o.shape, o.format, rng));
+  std::vector<uint16_t> hidden(static_cast<size_t>(max_tokens) * o.shape.hidden);
+  for (uint16_t& v : hidden) v = formats::f32_to_bf16(rng.normal());
+
+  std::vector<PreparedBackend> prepared;
+  for (const std::string& name : o.backends) prepared.push_back(prepare(name, o, pool, max_tokens, ep));
+  PreparedBackend checker;
+  if (o.check) checker = prepare("reference", o, pool, o.check_tokens);
+
+  std::vector<LayerCaseResult> results;
+  for (int tokens : o.tokens) {
+    const Routing routing = make_routing(o, tokens, rng);
+    const double flop = 2.0 * static_cast<double>(routing.rows) * o.shape.hidden * o.shape.intermediate * 3.0;
+    std::vector<uint16_t> expected;
+    const int checked_tokens = std::min(tokens, o.check_tokens);
+    if (o.check && checked_tokens > 0) {
+      Routing head = routing;
+      head.ids.resize(static_cast<size_t>(checked_tokens) * o.shape.top_k);
+      head.weights.resize(head.ids.size());
+      LayerBenchOptions once = o;
+      once.iters = 1;
+      once.warmup = 0;
+      time_forward(checker, once, hidden, head, checked_tokens, expected);
+    }
+    double first_us = 0;
+    for (size_t b = 0; b < prepared.size(); ++b) {
+      if (speak && !prepared[b].on_gpu && flop > 5e10)
+        std::printf("note: %s on the CPU at %d tokens: %.0f GFLOP per forward, expect minutes\n", o.backends[b].c_str(),
+                    tokens, flop * 1e-9);
+      std::vector<uint16_t> out;
+      const std::vector<double> us = time_forward(prepared[b], o, hidden, routing, tokens, out);
+      LayerCaseResult r;
+      r.backend = std::string(prepared[b].backend->name());
+      r.tokens = tokens;
+      r.rows = routing.rows;
+      r.median_us = median(us);
+      r.min_us = *std::min_element(us.begin(), us.end());
+      r.tflops = r.median_us > 0 ? flop / (r.median_us * 1e-6) * 1e-12 : 0;
+      if (b == 0) first_us = r.median_us;
+      r.ratio_to_first = first_us > 0 ? r.median_us / first_us : 0;
+      if (o.check && checked_tokens > 0) {
+        double diff2 = 0, ref2 = 0, max_abs = 0;
+        bool finite = true;
+        for (size_t i = 0; i < expected.size(); ++i) {
+          const double got = bf16_value(out[i]), want = bf16_value(expected[i]);
+          finite = finite && std::isfinite(got);
+          diff2 += (got - want) * (got - want);
+          ref2 += want * want;
+          max_abs = std::max(max_abs, std::abs(got - want));
+        }
+        r.checked = true;
+        r.check_rel_l2 = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+        r.check_max_abs = max_abs;
+        // The GPU backends round where the reference does (src/backends/reference.cpp NOTES); what
+        // remains is accumulation order, far below this bound.
+        r.check_passed = finite && r.check_rel_l2 <= 1e-2;
+      }
+      if (speak)
+        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx%s\n", r.backend.c_str(),
+                    tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
+                    r.checked ? (r.check_passed ? "  check ok" : "  CHECK FAILED") : "");
+      std::fflush(stdout);
+      results.push_back(r);
+    }
+  }
+  return results;
+}
+
+void print_layer_table(const LayerBenchOptions& o, const std::vector<LayerCaseResult>& results) {
+  std::printf("\nbench layer: %s (H %d, I %d, E %d, top-%d), %s, %s%s, routing %s, ranks %d, %d iters\n",
+              o.shape.name.c_str(), o.shape.hidden, o.shape.intermediate, o.shape.experts, o.shape.top_k,
+              std::string(weight_format_name(o.format)).c_str(), std::string(activation_name(o.activation.kind)).c_str(),
+              o.apply_topk_in_fc1 ? " (top-k in fc1)" : "", std::string(routing_pattern_name(o.routing)).c_str(), o.ranks,
+              o.iters);
+  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %-22s |\n", "backend", "tokens", "rows", "median us",
+              "min us", "TFLOP/s", "vs first", "check (rel-L2)");
+  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
+              std::string(10, '-').c_str(), std::string(14, '-').c_str(), std::string(14, '-').c_str(),
+              std::string(11, '-').c_str(), std::string(10, '-').c_str(), std::string(24, '-').c_str());
+  for (const LayerCaseResult& r : results) {
+    char check[64] = "-";
+    if (r.checked) std::snprintf(check, sizeof(check), "%s (%.2e)", r.check_passed ? "ok" : "FAILED", r.check_rel_l2);
+    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %-22s |\n", r.backend.c_str(), r.tokens,
+                static_cast<long long>(r.rows), r.median_us, r.min_us, r.tflops, r.ratio_to_first, check);
+  }
+}
+
+nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<LayerCaseResult>& results) {
+  nlohmann::json j;
+  j["bench"] = "layer";
+  j["shape"] = {{"preset", o.shape.name},
+                {"hidden", o.shape.hidden},
+                {"intermediate", o.shape.intermediate},
+                {"experts", o.shape.experts},
+                {"top_k", o.shape.top_k}};
+  j["format"] = weight_format_name(o.format);
+  j["activation"] = activation_name(o.activation.kind);
+  j["apply_topk_in_fc1"] = o.apply_topk_in_fc1;
+  j["routing"] = routing_pattern_name(o.routing);
+  j["ranks"] = o.ranks;
+  j["iters"] = o.iters;
+  j["warmup"] = o.warmup;
+  j["seed"] = o.seed;
+  j["distinct_experts"] = std::min(o.distinct_experts, o.shape.experts);
+  j["cases"] = nlohmann::json::array();
+  for (const LayerCaseResult& r : results) {
+    nlohmann::json c = {{"backend", r.backend},     {"tokens", r.tokens},   {"rows", r.rows},
+                        {"median_us", r.median_us}, {"min_us", r.min_us},   {"tflops", r.tflops},
+                        {"ratio_to_first", r.ratio_to_first}};
+    if (r.checked)
+      c["check"] = {{"passed", r.check_passed}, {"rel_l2", r.check_rel_l2}, {"max_abs", r.check_max_abs}};
+    j["cases"].push_back(c);
+  }
+  return j;
+}
+
+}  // namespace megamoe::bench

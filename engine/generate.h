@@ -1,0 +1,23 @@
+// A minimal single-sequence generation loop over a ModelRunner (tests, smoke runs). The server's
+// scheduler does the real batching; this only allocates blocks [first_block, ...) for one sequence.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/runner.h"
+
+namespace megamoe::engine {
+
+struct GenerateOptions {
+  int prefill_chunk = 0;  // > 0: prefill in chunks of this many tokens (chunked prefill)
+  int64_t seq_id = 0;
+  int first_block = 0;    // the sequence uses KV blocks first_block, first_block + 1, ...
+};
+
+// Prefills `prompt`, then decodes until max_tokens or an EOS (unless ignore_eos). Returns the new
+// tokens (EOS included when it stopped generation). `stop` strings are the server's (text) business.
+std::vector<int32_t> generate(ModelRunner& runner, const std::vector<int32_t>& prompt,
+                              const SamplingParams& params, const GenerateOptions& options = {});
+
+}  // namespace megamoe::engine

@@ -1,0 +1,43 @@
+// The CPU model runner: a ModelRunner (runner.h) for qwen3_moe / mixtral in fp32, with the MoE layers
+// run by a MoeBackend (`--moe-backend`, CPU: `reference`). It is the oracle the GPU runner is tested
+// against and what CI runs.
+//
+// NOTES: attention and routing are per-layer choices (ModelConfig::attention, ModelConfig::router), so
+// DeepSeek-V3 (MLA, grouped sigmoid routing, shared experts) adds cases, not a second model.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/runner.h"
+#include "engine/weights.h"
+
+namespace megamoe {
+class EpGroup;
+}
+
+namespace megamoe::engine {
+
+struct RunnerOptions {
+  std::string moe_backend = "reference";  // normalised by normalize_backend_name
+  std::string hf_overrides;               // JSON object merged into config.json
+  LoadOptions load;
+  int kv_block_size = 16;
+  int num_kv_blocks = 256;
+  int max_tokens_per_step = 4096;         // MoE buffers (MoeConfig::max_tokens_per_rank); larger steps are split
+  EpGroup* ep = nullptr;                  // null: single rank, all experts local
+};
+
+// Reads <model_dir>/config.json (+ overrides) and the weights (or dummy ones with load.load_format ==
+// "dummy"; then model_dir only needs config.json).
+std::unique_ptr<ModelRunner> make_cpu_model_runner(const std::string& model_dir, const RunnerOptions& options);
+// Same with an already-parsed config (model_dir may be empty for dummy weights).
+std::unique_ptr<ModelRunner> make_cpu_model_runner(const ModelConfig& config, const std::string& model_dir,
+                                                   const RunnerOptions& options);
+
+// Expert weight format of the MoE layers: a pre-quantized checkpoint's format, else the online
+// quantization when given, else BF16. Throws when --quantization asks to requantize a quantized checkpoint.
+WeightFormat expert_weight_format(const LoadOptions& load, const ModelConfig& config);
+
+}  // namespace megamoe::engine

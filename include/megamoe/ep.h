@@ -1,0 +1,150 @@
+// Expert-parallel group: one process per GPU, an NCCL communicator, symmetric memory windows that
+// every rank can load/store through NVLink, and bounded-wait failure reporting.
+//
+//   auto ep = EpGroup::bootstrap(rank, ranks, "file:/tmp/megamoe-rdv-XXXX");   // our launcher
+//   auto ep = EpGroup::from_nccl(comm, device);                                // a torch engine
+//   SymmetricBuffer buf = ep->allocate(bytes);   // collective; buf.peers[r] = rank r's copy
+//   ep->warmup(stream);                          // before any CUDA-graph capture
+//   ... kernels ...; ep->check_errors();         // throws megamoe::Error naming (rank, phase, peer)
+//   ep->destroy();                               // idempotent; later calls throw
+//
+// NOTES:
+// - Symmetric memory comes from the NCCL 2.28 device API (ncclMemAlloc + ncclCommWindowRegister with
+//   NCCL_WIN_COLL_SYMMETRIC, ncclDevCommCreate, ncclGetLsaPointer). Peer pointers are resolved once
+//   per buffer by a tiny kernel and then passed to kernels by value, so kernels never depend on the
+//   transport (an inter-node NCCL GIN transport can be added behind src/ep/transport.h).
+// - No multicast/NVLS: the group sets NCCL_NVLS_ENABLE=0 when unset and never requests lsaMultimem.
+// - All ranks must be in one NVLink (LSA) domain: 1 <= ranks <= kMaxEpRanks.
+// - Every device-side wait on a peer is bounded by wait_timeout_ns (globaltimer); a timeout records
+//   (rank, phase, peer) in a host-mapped error record and the kernel exits; the group is then
+//   "failed" and every later call throws.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megamoe/moe.h"  // StreamHandle
+
+// Forward declaration so this header needs no NCCL include (same typedef as nccl.h).
+typedef struct ncclComm* ncclComm_t;
+
+namespace megamoe {
+
+inline constexpr int kMaxEpRanks = 8;
+
+// One symmetric allocation: `bytes` at the same offset in every rank's window.
+struct SymmetricBuffer {
+  void* local = nullptr;                   // this rank's copy (device pointer)
+  std::array<void*, kMaxEpRanks> peers{};  // peers[r]: rank r's copy, mapped here (peers[rank] aliases local)
+  size_t bytes = 0;
+  void* window = nullptr;                  // ncclWindow_t
+};
+
+// Phases named in bounded-wait errors.
+enum class EpPhase : int32_t { kNone = 0, kBarrier = 1, kDispatch = 2, kCombine = 3, kInvalidInput = 4 };
+const char* ep_phase_name(EpPhase phase);
+
+// What a kernel writes when a bounded wait expires (or when it meets invalid device-side input).
+// Lives in host-mapped pinned memory, so the host reads it without synchronising the stream.
+struct EpErrorRecord {
+  uint32_t code;       // 0 = no error; 1 = wait timeout; 2 = invalid input (e.g. expert id out of range)
+  int32_t rank;        // the rank that recorded it
+  int32_t phase;       // EpPhase
+  int32_t peer;        // the peer it waited for (timeout) or the offending value (invalid input)
+  uint64_t waited_ns;  // how long it waited
+};
+
+// The small device-side state every EP kernel takes by value.
+struct EpDeviceContext {
+  int rank = 0, ranks = 1;
+  uint64_t wait_timeout_ns = 0;
+  EpErrorRecord* error = nullptr;  // host-mapped
+  int* failed = nullptr;           // device memory: nonzero once any kernel recorded an error
+  // Signal words of the group's own barrier, in the symmetric control window:
+  // barrier_inbox[r] points at rank r's uint64[kMaxEpRanks] barrier inbox.
+  std::array<uint64_t*, kMaxEpRanks> barrier_inbox{};
+  uint64_t* barrier_epoch = nullptr;  // device memory, local
+};
+
+struct EpOptions {
+  // Bounded waits on peers; 0 = default (5 s, or MEGAMOE_EP_TIMEOUT_MS from the environment).
+  uint64_t wait_timeout_ns = 0;
+  // bootstrap(): how long non-zero ranks wait for rank 0's unique id to appear.
+  int rendezvous_timeout_ms = 60000;
+};
+
+class EpGroup {
+ public:
+  // Uses an existing communicator (not owned: destroy() leaves it alive). `device` must be the
+  // current CUDA device of the communicator's rank.
+  static std::unique_ptr<EpGroup> from_nccl(ncclComm_t comm, int device, EpOptions options = {});
+  // Creates the communicator: rank 0 writes the NCCL unique id to `rendezvous` ("file:<path>" or a
+  // plain path; written atomically), the others wait for it (bounded). Device = rank % devices
+  // unless `device` >= 0.
+  static std::unique_ptr<EpGroup> bootstrap(int rank, int ranks, const std::string& rendezvous,
+                                            int device = -1, EpOptions options = {});
+  ~EpGroup();
+  EpGroup(const EpGroup&) = delete;
+  EpGroup& operator=(const EpGroup&) = delete;
+
+  int rank() const;
+  int size() const;
+  int device() const;
+  uint64_t wait_timeout_ns() const;
+
+  // Collective: every rank calls it with the same `bytes`. Memory is zeroed. Freed by destroy().
+  SymmetricBuffer allocate(size_t bytes);
+  // The device comm (ncclDevComm*, host copy) for kernels that use NCCL device primitives.
+  const void* device_comm() const;
+  EpDeviceContext device_context() const;
+
+  // Collective: one LSA barrier through ncclLsaBarrierSession plus one bounded barrier, then a
+  // stream sync; proves every peer mapping works. Must precede any CUDA-graph capture.
+  void warmup(StreamHandle stream);
+  // Collective device barrier (bounded wait), stream-ordered and graph-capturable.
+  void barrier(StreamHandle stream);
+
+  // Non-blocking: throws megamoe::Error naming rank, phase and peer if a kernel recorded a failure.
+  void check_errors();
+  // cudaStreamSynchronize + check_errors().
+  void synchronize(StreamHandle stream);
+  bool failed() const;
+
+  // Idempotent. Frees windows and the device comm (and the communicator when bootstrap() made it).
+  void destroy();
+  bool destroyed() const;
+
+  struct Impl;
+
+ private:
+  explicit EpGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- launcher: one process per GPU ------------------------------------------------------------------
+// Environment a launched rank sees.
+inline constexpr const char* kEpRankEnv = "MEGAMOE_EP_RANK";
+inline constexpr const char* kEpRanksEnv = "MEGAMOE_EP_RANKS";
+inline constexpr const char* kEpRendezvousEnv = "MEGAMOE_EP_RENDEZVOUS";
+
+struct LaunchedRank {
+  int rank = -1, ranks = 0;
+  std::string rendezvous;
+};
+// True (and fills `out`) when this process was started by launch_ranks().
+bool launched_rank_from_env(LaunchedRank* out);
+
+// Starts `ranks` copies of `argv` (argv[0] = executable path) with the EP environment set and a fresh
+// rendezvous file, waits for all of them (at most timeout_s; stragglers are killed), and returns 0
+// when every rank exited 0, else the first non-zero status (signals as 128 + signo). Output of each
+// rank is prefixed by the child itself if it wants; stdout/stderr are inherited.
+int launch_ranks(int ranks, const std::vector<std::string>& argv, int timeout_s = 600);
+// launch_ranks() of this very process's command line (/proc/self/exe + /proc/self/cmdline): how a
+// command such as `megamoe bench layer --ranks 2` turns itself into one process per GPU.
+int relaunch_self_on_ranks(int ranks, int timeout_s = 600);
+
+}  // namespace megamoe

@@ -1,0 +1,93 @@
+// Token dispatch and combine across an EpGroup (typed, validating API over the sm90 kernels).
+//
+//   EpDispatcher ep_io(group, {hidden, top_k, num_experts, capacity, EpPayload::kFp8});  // collective
+//   ep_io.dispatch(hidden_bf16, topk_ids, topk_weights, stream);   // every rank, T may differ
+//   const ReceivedTokens& rx = ep_io.received();   // grouped by local expert, device-side offsets
+//   ... expert GEMMs: rows [rx.expert_offsets[e], rx.expert_offsets[e+1]) -> expert_out[row] (bf16) ...
+//   ep_io.combine(expert_out, out_bf16, stream, /*apply_weights=*/true);
+//
+// Semantics (bit-exact, tested):
+// - Each token is sent ONCE to every rank that holds at least one of its top-k experts (expert e lives
+//   on rank e / (E / ranks)); ids of -1 are padding and go nowhere. Payload kFp8: the BF16 row is
+//   quantized per 128 channels exactly as formats::quantize_fp8_activations (scale = amax/448 with
+//   amax floored at 1e-10, __fdiv_rn, RNE, saturating); kBf16: the row is copied.
+// - The receiver learns its counts from device counters (never the host) and groups the rows by
+//   local expert: a token with two experts on this rank appears in two grouped rows. Row order inside
+//   an expert is unspecified (atomics); every row carries its RowSource, and results never depend on
+//   the order.
+// - combine(): grouped row m's BF16 output goes back to its source rank, into slot (token, topk
+//   slot); the source then computes, for each token t,
+//       acc = 0; for j in 0..top_k-1 (in order): if ids[t,j] >= 0: acc = fmaf(w[t,j], y[t,j], acc)
+//       out[t] = bf16_rne(acc)          (w = 1 when apply_weights is false)
+//   which is deterministic and independent of the number of ranks.
+// - Capacity: T <= max_tokens_per_rank is checked on the host before anything is launched.
+//   dispatch() and combine() must alternate; both are collective and CUDA-graph capturable.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "megamoe/ep.h"
+#include "megamoe/tensor.h"
+
+namespace megamoe {
+
+enum class EpPayload : uint8_t { kFp8, kBf16 };
+
+struct EpDispatchConfig {
+  int hidden = 0;               // H, multiple of 128
+  int top_k = 0;                // 1..32
+  int num_experts = 0;          // E, global, multiple of ranks
+  int max_tokens_per_rank = 0;  // capacity C
+  EpPayload payload = EpPayload::kFp8;
+};
+
+struct RowSource {
+  int32_t rank;    // source rank
+  int32_t token;   // token index on the source rank
+  int32_t slot;    // top-k slot j of that token
+  float weight;    // topk_weights[token, slot]
+};
+
+// Device pointers, fixed for the dispatcher's lifetime; contents valid (stream-ordered) after dispatch().
+struct ReceivedTokens {
+  int num_local_experts = 0;
+  int first_local_expert = 0;
+  int64_t max_rows = 0;              // ranks * C * min(top_k, num_local_experts)
+  const int32_t* expert_offsets = nullptr;  // [num_local_experts + 1], device
+  void* x = nullptr;                 // [max_rows, H] e4m3 (kFp8) or bf16 (kBf16)
+  float* x_scales = nullptr;         // [max_rows, H/128] (kFp8 only)
+  const RowSource* sources = nullptr;  // [max_rows]
+  const float* row_weights = nullptr;  // [max_rows]: sources[m].weight, contiguous (GEMM 1 epilogue input)
+};
+
+class EpDispatcher {
+ public:
+  // Collective: allocates the symmetric window (see docs/ep.md for every region's size formula).
+  EpDispatcher(EpGroup& group, const EpDispatchConfig& config);
+  ~EpDispatcher();
+  EpDispatcher(const EpDispatcher&) = delete;
+  EpDispatcher& operator=(const EpDispatcher&) = delete;
+
+  const EpDispatchConfig& config() const;
+  // hidden [T, H] bf16, topk_ids [T, k] int32, topk_weights [T, k] f32, all on the GPU; T <= C.
+  void dispatch(const TensorView& hidden, const TensorView& topk_ids, const TensorView& topk_weights,
+                StreamHandle stream);
+  const ReceivedTokens& received() const;
+  // expert_out: [max_rows, H] bf16 device (row m = output for grouped row m); out: [T, H] bf16 with
+  // the T of the preceding dispatch().
+  void combine(const void* expert_out, const TensorView& out, StreamHandle stream, bool apply_weights = true);
+  // Bytes this rank's last dispatch/combine moved to OTHER ranks, for bandwidth figures (needs a
+  // stream sync; reads device counters).
+  struct Traffic { uint64_t dispatch_bytes, combine_bytes; };
+  Traffic last_remote_traffic(StreamHandle stream) const;
+  // Idempotent; later calls throw.
+  void destroy();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace megamoe

@@ -1,0 +1,160 @@
+// EpDispatcher: the typed, validating layer over the dispatch/combine kernels.
+#include <algorithm>
+
+#include "kernels/sm90_combine.cuh"
+#include "kernels/sm90_dispatch.cuh"
+#include "megamoe/ep_dispatch.h"
+#include "megamoe/error_cuda.h"
+
+namespace megamoe {
+
+struct EpDispatcher::Impl {
+  EpGroup* group = nullptr;
+  EpDispatchConfig config;
+  SymmetricBuffer window;
+  kernels::DispatchLayout layout{};
+  kernels::EpParams params{};
+  ReceivedTokens received;
+  std::vector<void*> allocations;
+  bool destroyed = false;
+  int last_tokens = -1;
+
+  void* device_alloc(size_t bytes) {
+    void* p = nullptr;
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    MEGAMOE_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(bytes, 16)));
+    allocations.push_back(p);
+    return p;
+  }
+  void require_alive(const char* call) const {
+    MEGAMOE_CHECK(!destroyed, "EpDispatcher::", call, " called after destroy()");
+    MEGAMOE_CHECK(!group->destroyed(), "EpDispatcher::", call, " called after its EpGroup was destroyed");
+  }
+};
+
+EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(std::make_unique<Impl>()) {
+  const int R = group.size();
+  MEGAMOE_CHECK(c.hidden > 0 && c.hidden % kernels::kEpScaleGroup == 0, "EpDispatchConfig.hidden = ", c.hidden,
+                " must be a positive multiple of 128");
+  MEGAMOE_CHECK(c.top_k >= 1 && c.top_k <= 32, "EpDispatchConfig.top_k = ", c.top_k, " must be in [1, 32]");
+  MEGAMOE_CHECK(c.num_experts >= R && c.num_experts % R == 0, "EpDispatchConfig.num_experts = ", c.num_experts,
+                " must be a positive multiple of ranks = ", R);
+  MEGAMOE_CHECK(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank <= (1 << 20),
+                "EpDispatchConfig.max_tokens_per_rank = ", c.max_tokens_per_rank, " must be in [1, 2^20]");
+  auto& m = *impl_;
+  m.group = &group;
+  m.config = c;
+  m.layout = kernels::make_dispatch_layout(c, R);
+  m.window = group.allocate(m.layout.total);
+
+  const int local_experts = c.num_experts / R;
+  const int64_t C = c.max_tokens_per_rank, k = c.top_k, H = c.hidden;
+  const int64_t max_rows = R * C * std::min<int64_t>(k, local_experts);
+  const size_t payload = c.payload == EpPayload::kFp8 ? 1 : 2;
+
+  auto& p = m.params;
+  p.ctx = group.device_context();
+  for (int r = 0; r < R; ++r) p.window[r] = static_cast<char*>(m.window.peers[r]);
+  p.layout = m.layout;
+  p.hidden = c.hidden;
+  p.top_k = c.top_k;
+  p.num_experts = c.num_experts;
+  p.experts_per_rank = local_experts;
+  p.capacity = c.max_tokens_per_rank;
+  p.fp8 = c.payload == EpPayload::kFp8;
+  p.epoch = static_cast<uint64_t*>(m.device_alloc(sizeof(uint64_t)));
+  p.token_dest_slot = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * C * R));
+  p.send_count = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * kMaxEpRanks));
+  p.saved_ids = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * C * k));
+  p.saved_weights = static_cast<float*>(m.device_alloc(sizeof(float) * C * k));
+  p.expert_counts = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * local_experts));
+  p.expert_cursors = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * local_experts));
+  p.expert_offsets = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * (local_experts + 1)));
+  p.traffic = static_cast<uint64_t*>(m.device_alloc(sizeof(uint64_t) * 2));
+  p.grouped_x = m.device_alloc(max_rows * H * payload);
+  p.grouped_scales = p.fp8 ? static_cast<float*>(m.device_alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;
+  p.grouped_sources = static_cast<RowSource*>(m.device_alloc(sizeof(RowSource) * max_rows));
+  p.grouped_weights = static_cast<float*>(m.device_alloc(sizeof(float) * max_rows));
+  p.max_rows = max_rows;
+
+  m.received.num_local_experts = local_experts;
+  m.received.first_local_expert = group.rank() * local_experts;
+  m.received.max_rows = max_rows;
+  m.received.expert_offsets = p.expert_offsets;
+  m.received.x = p.grouped_x;
+  m.received.x_scales = p.grouped_scales;
+  m.received.sources = p.grouped_sources;
+  m.received.row_weights = p.grouped_weights;
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+EpDispatcher::~EpDispatcher() {
+  try {
+    destroy();
+  } catch (...) {
+  }
+}
+
+const EpDispatchConfig& EpDispatcher::config() const { return impl_->config; }
+
+const ReceivedTokens& EpDispatcher::received() const {
+  impl_->require_alive("received");
+  return impl_->received;
+}
+
+void EpDispatcher::dispatch(const TensorView& hidden, const TensorView& topk_ids, const TensorView& topk_weights,
+                            StreamHandle stream) {
+  auto& m = *impl_;
+  m.require_alive("dispatch");
+  m.group->check_errors();
+  const auto& c = m.config;
+  MEGAMOE_CHECK(hidden.rank == 2, "hidden: expected a 2-D tensor, got rank ", hidden.rank);
+  const int64_t T = hidden.shape[0];
+  // NOTES: checked before any launch, so an overflowing call writes nothing anywhere.
+  MEGAMOE_CHECK(T >= 0 && T <= c.max_tokens_per_rank, "tokens T = ", T, " exceeds the EP capacity max_tokens_per_rank = ",
+                c.max_tokens_per_rank, " on rank ", m.group->rank());
+  check_tensor("hidden", hidden, DType::kBF16, {T, c.hidden}, Device::kCuda);
+  check_tensor("topk_ids", topk_ids, DType::kI32, {T, c.top_k}, Device::kCuda);
+  check_tensor("topk_weights", topk_weights, DType::kF32, {T, c.top_k}, Device::kCuda);
+  auto p = m.params;
+  p.num_tokens = static_cast<int>(T);
+  p.hidden_in = static_cast<const __nv_bfloat16*>(hidden.data);
+  p.topk_ids = static_cast<const int32_t*>(topk_ids.data);
+  p.topk_weights = static_cast<const float*>(topk_weights.data);
+  kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream));
+  m.last_tokens = static_cast<int>(T);
+}
+
+void EpDispatcher::combine(const void* expert_out, const TensorView& out, StreamHandle stream, bool apply_weights) {
+  auto& m = *impl_;
+  m.require_alive("combine");
+  m.group->check_errors();
+  MEGAMOE_CHECK(m.last_tokens >= 0, "EpDispatcher::combine called before dispatch");
+  MEGAMOE_CHECK(expert_out != nullptr || m.params.max_rows == 0, "combine: expert_out is null");
+  check_tensor("out", out, DType::kBF16, {m.last_tokens, m.config.hidden}, Device::kCuda);
+  auto p = m.params;
+  p.num_tokens = m.last_tokens;
+  p.expert_out = static_cast<const __nv_bfloat16*>(expert_out);
+  p.out = static_cast<__nv_bfloat16*>(out.data);
+  p.apply_weights = apply_weights;
+  kernels::launch_ep_combine(p, static_cast<cudaStream_t>(stream));
+}
+
+EpDispatcher::Traffic EpDispatcher::last_remote_traffic(StreamHandle stream) const {
+  impl_->require_alive("last_remote_traffic");
+  uint64_t counters[2] = {0, 0};
+  MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(counters, impl_->params.traffic, sizeof(counters), cudaMemcpyDeviceToHost,
+                                     static_cast<cudaStream_t>(stream)));
+  MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+  return Traffic{counters[0], counters[1] * static_cast<uint64_t>(impl_->config.hidden) * 2};
+}
+
+void EpDispatcher::destroy() {
+  if (!impl_ || impl_->destroyed) return;
+  impl_->destroyed = true;
+  // The symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
+  for (void* p : impl_->allocations) cudaFree(p);
+  impl_->allocations.clear();
+}
+
+}  // namespace megamoe

@@ -1,0 +1,156 @@
+// Typed validating API of the grouped GEMMs (grouped_gemm.h): checks, TMA descriptors, launch.
+#include <cuda.h>
+
+#include "kernels/grouped_gemm.h"
+#include "kernels/sm90_fp8_grouped_gemm.cuh"
+#include "megamoe/error_cuda.h"
+
+namespace megamoe::kernels {
+namespace {
+
+using sm90::Epilogue;
+using sm90::GroupedGemmParams;
+
+// 2D uint8 tensor map [outer, inner] (inner contiguous) read in boxes of [box_outer, 128 bytes] with
+// the 128-byte swizzle the wgmma descriptors expect. Out-of-range rows read as zeros.
+CUtensorMap make_tensor_map(const void* base, uint64_t inner, uint64_t outer, uint32_t box_outer) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {inner, outer};
+  const cuuint64_t strides[1] = {inner};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), box_outer};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult status = cuTensorMapEncodeTiled(
+      &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    cuGetErrorName(status, &name);
+    MEGAMOE_FAIL("cuTensorMapEncodeTiled failed (", name ? name : "?", ") for a [", outer, ", ", inner,
+                 "] tensor with box rows ", box_outer);
+  }
+  return map;
+}
+
+int multiprocessor_count() {
+  int device = 0;
+  MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
+  int count = 0;
+  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+template <sm90::TileConfig kTile, Epilogue kEpilogue>
+void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& params, cudaStream_t stream) {
+  using Layout = sm90::GroupedGemmLayout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
+  const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
+  const CUtensorMap b_map =
+      make_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
+  const int shared_bytes = Layout::shared_bytes(params.num_experts);
+  auto* kernel =
+      &sm90::sm90_fp8_grouped_gemm_kernel<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
+  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<multiprocessor_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+  MEGAMOE_LAUNCH_CHECK();
+}
+
+void check_aligned(const void* pointer, const char* field) {
+  MEGAMOE_CHECK(pointer != nullptr, field, " must be non-null");
+  MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(pointer) % 16 == 0, field, " must be 16-byte aligned");
+}
+
+void check_common(int64_t m_capacity, int num_experts, int n, int k, const char* n_name, const char* k_name) {
+  MEGAMOE_CHECK(m_capacity > 0 && m_capacity < (int64_t{1} << 31), "m_capacity = ", m_capacity,
+                " must be in [1, 2^31)");
+  MEGAMOE_CHECK(num_experts >= 1 && num_experts <= sm90::kMaxExperts, "num_experts = ", num_experts,
+                " must be in [1, ", sm90::kMaxExperts, "]");
+  MEGAMOE_CHECK(n > 0 && n % 128 == 0, n_name, " = ", n, " must be a positive multiple of 128");
+  MEGAMOE_CHECK(k > 0 && k % 128 == 0, k_name, " = ", k, " must be a positive multiple of 128");
+  MEGAMOE_CHECK(static_cast<int64_t>(num_experts) * n < (int64_t{1} << 31), "num_experts * ", n_name, " = ",
+                static_cast<int64_t>(num_experts) * n, " must be < 2^31");
+}
+
+void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
+                  const int32_t* offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
+                  int rows_hint, cudaStream_t stream) {
+  GroupedGemmParams params;
+  params.a_scales = a_scales;
+  params.b_scales = weight_scales;
+  params.expert_offsets = offsets;
+  params.out = out;
+  params.m_capacity = static_cast<int>(m_capacity);
+  params.num_experts = num_experts;
+  params.n = n;
+  params.k = k;
+  const sm90::TileConfig tile = sm90::choose_plain_tile(rows_hint);
+  if (tile.warpgroups_m == 1 && n % 256 == 0)
+    launch<sm90::kSplitNSmall, Epilogue::kStoreBf16>(a, weights, params, stream);
+  else if (tile.sub_tiles_m == 1)
+    launch<sm90::kSplitMSmall, Epilogue::kStoreBf16>(a, weights, params, stream);
+  else
+    launch<sm90::kSplitMLarge, Epilogue::kStoreBf16>(a, weights, params, stream);
+}
+
+}  // namespace
+
+void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t stream) {
+  check_common(args.m_capacity, args.num_experts, args.n, args.k, "n", "k");
+  check_aligned(args.a, "a");
+  check_aligned(args.a_scales, "a_scales");
+  check_aligned(args.weights, "weights");
+  check_aligned(args.weight_scales, "weight_scales");
+  check_aligned(args.expert_offsets, "expert_offsets");
+  check_aligned(args.out, "out");
+  launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
+               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, stream);
+}
+
+void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
+  check_common(args.m_capacity, args.num_experts, args.hidden, args.intermediate, "hidden", "intermediate");
+  check_aligned(args.a, "a");
+  check_aligned(args.a_scales, "a_scales");
+  check_aligned(args.weights, "weights");
+  check_aligned(args.weight_scales, "weight_scales");
+  check_aligned(args.expert_offsets, "expert_offsets");
+  check_aligned(args.out, "out");
+  launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
+               args.m_capacity, args.num_experts, args.hidden, args.intermediate, args.rows_per_expert_hint,
+               stream);
+}
+
+void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
+  check_common(args.m_capacity, args.num_experts, 2 * args.intermediate, args.hidden, "2*intermediate", "hidden");
+  MEGAMOE_CHECK(args.intermediate % 128 == 0, "intermediate = ", args.intermediate, " must be a multiple of 128");
+  check_aligned(args.a, "a");
+  check_aligned(args.a_scales, "a_scales");
+  check_aligned(args.weights, "weights");
+  check_aligned(args.weight_scales, "weight_scales");
+  check_aligned(args.expert_offsets, "expert_offsets");
+  check_aligned(args.out, "out");
+  check_aligned(args.out_scales, "out_scales");
+  const bool clamped = args.activation.kind == Activation::Kind::kSwigluClamped;
+  if (clamped)
+    MEGAMOE_CHECK(args.activation.limit > 0.0f, "activation.limit = ", args.activation.limit, " must be > 0");
+  GroupedGemmParams params;
+  params.a_scales = args.a_scales;
+  params.b_scales = args.weight_scales;
+  params.expert_offsets = args.expert_offsets;
+  params.topk_weights = args.topk_weights;
+  params.out = args.out;
+  params.out_scales = args.out_scales;
+  params.m_capacity = static_cast<int>(args.m_capacity);
+  params.num_experts = args.num_experts;
+  params.n = 2 * args.intermediate;
+  params.k = args.hidden;
+  params.activation = clamped ? 1 : 0;
+  params.limit = args.activation.limit;
+  params.alpha = args.activation.alpha;
+  const sm90::TileConfig tile =
+      sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n, multiprocessor_count());
+  if (tile.sub_tiles_m == 1)
+    launch<sm90::kSplitNSmall, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
+  else
+    launch<sm90::kSplitNLarge, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
+}
+
+}  // namespace megamoe::kernels

@@ -1,0 +1,128 @@
+// Grouped (per-expert) GEMMs of an MoE layer on Hopper (sm_90a): the typed, validating API.
+//
+// Three layers per op (DeepGEMM style):
+//   __global__ kernel        src/kernels/sm90_fp8_grouped_gemm.cuh
+//   launcher                 beside the kernel (raw pointers + sizes + stream)
+//   typed validating API     this header (checks every size/pointer, throws megamoe::Error)
+//
+// ---- rows: one contiguous block of rows per local expert -----------------------------------------
+// Activations are [m_capacity, K] row-major; expert e owns rows [expert_offsets[e], expert_offsets[e+1]).
+// `expert_offsets` is int32 [num_experts + 1], non-decreasing, in DEVICE memory (the dispatch kernel
+// writes it; the host never reads it, so no synchronization per call). Rows outside every expert's
+// range are neither read for any output nor written. Offsets beyond m_capacity are clamped to it.
+// No padding of an expert's rows to a tile multiple is required.
+//
+// ---- activations (GEMM inputs), FP8 paths -------------------------------------------------------
+//   a        [m_capacity, K] E4M3 bytes, row-major (K contiguous), 16-byte aligned rows (K % 128 == 0)
+//   a_scales [m_capacity, K/128] FP32, row-major: value(r, k) = e4m3(a[r, k]) * a_scales[r, k/128]
+//   (exactly formats::Fp8Activations, see formats.h)
+//
+// ---- weights: the kernel's own layout (made once at load time by pack_expert_weights) ----------
+// GEMM 1 (role kGateUp, canonical W13 [2I, H] = gate rows then up rows):
+//   data   [E, 2I, H] E4M3, K-major, rows INTERLEAVED in blocks of 128:
+//          packed row 256*j + i       = gate row 128*j + i   (i < 128)
+//          packed row 256*j + 128 + i = up   row 128*j + i
+//          so one 256-row N tile holds the gate and the up rows of the same 128 outputs.
+//   scales [E, 2I/128, H/128] FP32, packed block 2j = gate block j, 2j+1 = up block j.
+// GEMM 2 (role kDown, canonical W2 [H, I]):
+//   data   [E, H, I] E4M3, K-major (same as canonical), scales [E, H/128, I/128] FP32 (same).
+// Per-expert byte sizes: packed_weight_bytes(); expert e starts at e * that size.
+//
+// ---- GEMM 1 epilogue ------------------------------------------------------------------------------
+//   g = acc(gate), u = acc(up) in FP32 (FP32 accumulation with per-128-K promotion:
+//       acc += (sum over the 128-K block of e4m3 products) * a_scale[row, kb] * b_scale[nb, kb])
+//   kSiluMul:       h = g / (1 + exp(-g)) * u
+//   kSwigluClamped: g' = min(g, limit); u' = clamp(u, -limit, limit); h = g' * sigmoid(alpha*g') * (u'+1)
+//   h *= topk_weights[row] when topk_weights != nullptr
+//   out, out_scales = FP8 per row per 128 of h, exactly the formats::quantize_fp8_activations rule
+//   (amax floor kFp8ScaleEps, scale = amax / 448 (IEEE div), q = e4m3_rn_sat(h / scale) (IEEE div)).
+// ---- GEMM 2 epilogue: out[row, n] = bf16_rn(acc) ---------------------------------------------------
+//
+// NOTES: requirements checked by the API: H % 128 == 0, I % 128 == 0, all pointers non-null (except
+// topk_weights), 16-byte aligned data pointers, 1 <= num_experts <= 1024, m_capacity < 2^31.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "megamoe/formats.h"
+#include "megamoe/types.h"
+
+#ifdef MEGAMOE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#else
+using cudaStream_t = struct CUstream_st*;
+#endif
+
+namespace megamoe::kernels {
+
+enum class GemmRole : uint8_t {
+  kGateUp,  // GEMM 1: canonical W13 [2I, H] -> packed [2I, H] (gate/up interleaved by 128 rows)
+  kDown,    // GEMM 2: canonical W2 [H, I] -> packed [H, I]
+};
+
+// Byte size of one expert's packed weight data and the number of FP32 scales that go with it.
+struct PackedWeightSize {
+  size_t data_bytes = 0;
+  size_t scale_count = 0;
+};
+PackedWeightSize packed_weight_bytes(WeightFormat format, int64_t rows, int64_t cols);
+
+// Host-side layout transform, once per expert at load time. `canonical` is the canonical matrix of
+// one expert (formats.h); writes packed_weight_bytes(...).data_bytes bytes to `data_out` and
+// .scale_count floats to `scales_out` (host memory; the caller copies them into the device slab at
+// expert e's offset). Supported now: kFp8Block. Throws megamoe::Error naming the field otherwise.
+void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole role, uint8_t* data_out,
+                         float* scales_out);
+
+// GEMM 1 (gate+up, activation, optional top-k weight, requant) on FP8-block weights.
+struct GroupedGemm1Fp8Args {
+  const uint8_t* a = nullptr;           // [m_capacity, hidden] E4M3
+  const float* a_scales = nullptr;      // [m_capacity, hidden/128]
+  const uint8_t* weights = nullptr;     // packed [E, 2*intermediate, hidden] E4M3
+  const float* weight_scales = nullptr; // packed [E, 2*intermediate/128, hidden/128]
+  const int32_t* expert_offsets = nullptr;  // device [E+1]
+  const float* topk_weights = nullptr;  // optional, [m_capacity], one weight per row
+  uint8_t* out = nullptr;               // [m_capacity, intermediate] E4M3
+  float* out_scales = nullptr;          // [m_capacity, intermediate/128]
+  int64_t m_capacity = 0;
+  int num_experts = 0, hidden = 0, intermediate = 0;
+  Activation activation{};
+  int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+};
+void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream);
+
+// GEMM 2 (down projection) on FP8-block weights: BF16 out.
+struct GroupedGemm2Fp8Args {
+  const uint8_t* a = nullptr;           // [m_capacity, intermediate] E4M3
+  const float* a_scales = nullptr;      // [m_capacity, intermediate/128]
+  const uint8_t* weights = nullptr;     // packed [E, hidden, intermediate] E4M3
+  const float* weight_scales = nullptr; // packed [E, hidden/128, intermediate/128]
+  const int32_t* expert_offsets = nullptr;  // device [E+1]
+  uint16_t* out = nullptr;              // [m_capacity, hidden] BF16 bit patterns
+  int64_t m_capacity = 0;
+  int num_experts = 0, hidden = 0, intermediate = 0;
+  int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+};
+void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream);
+
+// Plain grouped GEMM with BF16 output, any (n, k) multiples of 128: out[r, n] = sum_k A[r,k] B_e[n,k]
+// with the FP8 operands above (role kDown packing, i.e. canonical layout). GEMM 2 is this with
+// n = hidden, k = intermediate; exposed for benchmarks and tests of arbitrary shapes.
+struct GroupedGemmFp8Args {
+  const uint8_t* a = nullptr;           // [m_capacity, k]
+  const float* a_scales = nullptr;      // [m_capacity, k/128]
+  const uint8_t* weights = nullptr;     // [E, n, k]
+  const float* weight_scales = nullptr; // [E, n/128, k/128]
+  const int32_t* expert_offsets = nullptr;
+  uint16_t* out = nullptr;              // [m_capacity, n] BF16
+  int64_t m_capacity = 0;
+  int num_experts = 0, n = 0, k = 0;
+  int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+};
+void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t stream);
+
+// NOT IMPLEMENTED YET (issue 3, step 5): BF16 x BF16 and W4A8 (NVFP4/MXFP4) grouped GEMMs. The
+// signatures will mirror the FP8 ones with `a` as BF16 [m_capacity, K] and no a_scales.
+
+}  // namespace megamoe::kernels

@@ -1,0 +1,66 @@
+// Tile shapes and pipeline depth of the sm_90a grouped GEMMs, and how one is chosen.
+//
+// Every CTA runs 3 warpgroups: 1 producer (one thread issues TMA) + 2 math warpgroups. A math
+// warpgroup owns 1 or 2 sub-tiles of 64 x 128 (wgmma m64n128k32; FP32 registers: 64 for the 128-K
+// partial + 64 per sub-tile for the promoted sum). The two math warpgroups are arranged either
+//   split-M: they split the tile's rows (both read the same B tile), or
+//   split-N: they split its 256 columns (both read the same A tile). GEMM 1 is always split-N:
+//            warpgroup 0 = 128 gate columns, warpgroup 1 = the 128 up columns of the same outputs, so
+//            SwiGLU and the per-128 requantization finish inside one CTA.
+// Pipeline stages fill the 227 KiB of shared memory: stage = (BLOCK_M + BLOCK_N) * 128 bytes.
+// The grid is persistent: one CTA per SM, tiles (expert, m-tile, n-tile) strided by gridDim.x, with
+// m-tiles of one expert consecutive and the n-tile fastest (CTAs running together share A rows).
+#pragma once
+
+namespace megamoe::kernels::sm90 {
+
+constexpr int kBlockK = 128;                // one FP8 scale block of K per pipeline stage
+constexpr int kMathWarpgroups = 2;
+constexpr int kThreadsPerCta = 128 * (1 + kMathWarpgroups);
+constexpr int kProducerRegisters = 40;
+constexpr int kMathRegisters = 232;
+constexpr int kMaxExperts = 1024;
+
+struct TileConfig {
+  int warpgroups_m;  // 2: split-M; 1: split-N
+  int sub_tiles_m;   // 64-row wgmma sub-tiles per math warpgroup
+  int stages;
+  constexpr int block_m() const { return 64 * sub_tiles_m * warpgroups_m; }
+  constexpr int block_n() const { return 128 * (kMathWarpgroups / warpgroups_m); }
+};
+
+// Small groups (<= 64 rows per expert): weight-stream bound, the smallest M tile wastes least.
+constexpr TileConfig kSplitNSmall{1, 1, 4};   //  64 x 256, 40 KiB/stage
+constexpr TileConfig kSplitNLarge{1, 2, 3};   // 128 x 256, 48 KiB/stage (+64 KiB SwiGLU exchange)
+constexpr TileConfig kSplitMSmall{2, 1, 6};   // 128 x 128, 32 KiB/stage
+constexpr TileConfig kSplitMLarge{2, 2, 4};   // 256 x 128, 48 KiB/stage
+
+// Large tiles raise the FLOPs per byte fetched from L2 (128x256: 85 FLOP/B vs 64x256: 51, 128x128: 64),
+// which bounds these kernels at large M; they pay off once an expert fills most of a 128/256-row tile.
+inline TileConfig choose_plain_tile(int rows_per_expert_hint) {
+  if (rows_per_expert_hint > 0 && rows_per_expert_hint <= 64) return kSplitNSmall;
+  if (rows_per_expert_hint > 0 && rows_per_expert_hint < 512) return kSplitMSmall;
+  return kSplitMLarge;
+}
+// Fraction of the last wave's CTA slots that hold work, for `tiles` tiles on `ctas` persistent CTAs.
+inline double wave_efficiency(long tiles, int ctas) {
+  const long waves = (tiles + ctas - 1) / ctas;
+  return waves == 0 ? 1.0 : static_cast<double>(tiles) / static_cast<double>(waves * ctas);
+}
+
+// GEMM 1 (n = 2I): 64 x 256 for small groups; 128 x 256 otherwise, unless it leaves the last wave
+// mostly empty while 64 x 256 does not (measured: Qwen3-30B, 32 experts x 128 rows, 2I = 1536:
+// 192 tiles on 132 SMs ran at 282 TFLOP/s with 128 x 256 vs 387 with 64 x 256; DeepSeek-V3 with
+// 512 vs 1024 tiles preferred 128 x 256, 668 vs 551).
+inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts, int n, int ctas) {
+  if (rows_per_expert_hint > 0 && rows_per_expert_hint <= 64) return kSplitNSmall;
+  if (rows_per_expert_hint <= 0) return kSplitNLarge;
+  const long n_tiles = n / 256;
+  const long large = static_cast<long>(num_experts) * ((rows_per_expert_hint + 127) / 128) * n_tiles;
+  const long small = static_cast<long>(num_experts) * ((rows_per_expert_hint + 63) / 64) * n_tiles;
+  return wave_efficiency(large, ctas) < 0.85 && wave_efficiency(small, ctas) > wave_efficiency(large, ctas)
+             ? kSplitNSmall
+             : kSplitNLarge;
+}
+
+}  // namespace megamoe::kernels::sm90

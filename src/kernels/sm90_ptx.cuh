@@ -1,0 +1,103 @@
+// Thin wrappers over the sm_90a PTX the grouped GEMMs need. TMA and mbarrier go through CCCL
+// `cuda::ptx`; wgmma (not in CCCL) and setmaxnreg are inline PTX here.
+// NOTES: everything here is device-only and header-only; include from .cu files compiled for sm_90a.
+#pragma once
+
+#include <cuda/ptx>
+#include <cstdint>
+
+namespace megamoe::kernels::sm90 {
+
+__device__ __forceinline__ uint32_t smem_address(const void* pointer) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+// ---- mbarrier -------------------------------------------------------------------------------------
+__device__ __forceinline__ void barrier_init(uint64_t* barrier, uint32_t arrivals) {
+  cuda::ptx::mbarrier_init(barrier, arrivals);
+}
+__device__ __forceinline__ void barrier_init_fence() {
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
+}
+// Blocks until the phase with parity `parity` of `barrier` has completed.
+__device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
+  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  }
+}
+__device__ __forceinline__ void barrier_arrive(uint64_t* barrier) { cuda::ptx::mbarrier_arrive(barrier); }
+__device__ __forceinline__ void barrier_arrive_expect_bytes(uint64_t* barrier, uint32_t bytes) {
+  cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                       barrier, bytes);
+}
+
+// ---- TMA: 2D tile global -> shared, completion counted in bytes on `barrier` ---------------------
+__device__ __forceinline__ void tma_load_2d(void* smem_destination, const void* tensor_map, int32_t inner,
+                                            int32_t outer, uint64_t* barrier) {
+  const int32_t coordinates[2] = {inner, outer};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_destination,
+                                  tensor_map, coordinates, barrier);
+}
+__device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
+}
+
+// ---- register reallocation between warpgroups ------------------------------------------------------
+template <uint32_t kRegisters>
+__device__ __forceinline__ void registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+template <uint32_t kRegisters>
+__device__ __forceinline__ void registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegisters));
+}
+
+// Named barrier over `threads` threads (a multiple of 32); id 0 is __syncthreads'.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- wgmma -----------------------------------------------------------------------------------------
+// Shared-memory matrix descriptor for a K-major tile written by TMA with 128-byte swizzle: rows of
+// 128 bytes, 8-row (1024-byte) swizzle atoms. The tile base must be 1024-byte aligned; stepping K by
+// 32 bytes inside the atom is a +32-byte start address (the swizzle acts on absolute address bits).
+__device__ __forceinline__ uint64_t make_kmajor_sw128_descriptor(uint32_t smem_byte_address) {
+  uint64_t descriptor = 0;
+  descriptor |= static_cast<uint64_t>((smem_byte_address & 0x3FFFF) >> 4);  // start address
+  descriptor |= static_cast<uint64_t>(1) << 16;                            // leading byte offset (unused)
+  descriptor |= static_cast<uint64_t>(1024 >> 4) << 32;                    // stride byte offset: 8 rows
+  descriptor |= static_cast<uint64_t>(1) << 62;                            // 128-byte swizzle
+  return descriptor;
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving accumulator accesses across wgmma fences/waits.
+__device__ __forceinline__ void fence_operand(float& value) { asm volatile("" : "+f"(value)::"memory"); }
+
+// D[64x128] (+)= A[64x32] * B[128x32]^T, E4M3 x E4M3 -> FP32, both operands K-major in shared memory.
+// `accumulate` = 0 overwrites D (zero-initialised product), 1 adds.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t a_descriptor,
+                                                      uint64_t b_descriptor, uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate));
+}
+
+}  // namespace megamoe::kernels::sm90

@@ -1,0 +1,309 @@
+// `staged` backend. FP8-block experts run on the sm90 wgmma grouped GEMMs (kernels/grouped_gemm.h:
+// GEMM 1 with the SwiGLU + top-k weight + requant epilogue, GEMM 2 with BF16 out). BF16 experts run on
+// the TEMPORARY CUDA-core grouped GEMM (kernels/sm90_simt_grouped_gemm_temporary.cuh) + the separate
+// SwiGLU kernel until a BF16 grouped GEMM exists.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "backends/registry.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/sm90_simt_grouped_gemm_temporary.cuh"
+#include "kernels/sm90_swiglu_quant.cuh"
+#include "megamoe/ep.h"
+#include "megamoe/ep_dispatch.h"
+#include "megamoe/error_cuda.h"
+#include "moe/staged_backend.h"
+
+namespace megamoe {
+namespace {
+
+// Empty when `staged` can run `c` on `ranks` ranks, else the reason (names the field and the limit).
+std::string staged_reject_reason(const MoeConfig& c, int ranks) {
+  auto text = [](auto&&... parts) { return detail::concat(parts...); };
+  if (ranks < 1 || ranks > kMaxEpRanks) return text("ranks = ", ranks, " must be in [1, ", kMaxEpRanks, "]");
+  if (c.weight_format != WeightFormat::kBf16 && c.weight_format != WeightFormat::kFp8Block)
+    return text("weight_format ", weight_format_name(c.weight_format),
+                " needs the grouped GEMM kernels (staged runs bf16 and fp8_block today)");
+  if (c.hidden <= 0 || c.hidden % 128 != 0) return text("hidden = ", c.hidden, " must be a positive multiple of 128");
+  if (c.intermediate <= 0 || (c.weight_format == WeightFormat::kFp8Block && c.intermediate % 128 != 0))
+    return text("intermediate = ", c.intermediate, " must be a positive multiple of 128 for fp8_block");
+  if (c.num_experts <= 0 || c.num_experts % ranks != 0)
+    return text("num_experts = ", c.num_experts, " must be a positive multiple of ranks = ", ranks);
+  if (c.top_k < 1 || c.top_k > std::min(32, c.num_experts))
+    return text("top_k = ", c.top_k, " must be in [1, min(32, num_experts)]");
+  if (c.max_tokens_per_rank < 1) return text("max_tokens_per_rank = ", c.max_tokens_per_rank, " must be >= 1");
+  if (c.shared_intermediate > 0) return text("shared_intermediate = ", c.shared_intermediate, ": shared experts are not supported");
+  return {};
+}
+
+class StagedBackend final : public MoeBackend {
+ public:
+  StagedBackend(const MoeConfig& config, EpGroup* ep) : config_(config) {
+    const int ranks = ep ? ep->size() : 1;
+    const std::string why = staged_reject_reason(config, ranks);
+    MEGAMOE_CHECK(why.empty(), "backend staged cannot run this configuration: ", why);
+    if (!ep) {
+      const auto path = std::filesystem::temp_directory_path() /
+                        ("megamoe-staged-" + std::to_string(getpid()) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
+      own_group_ = EpGroup::bootstrap(0, 1, "file:" + path.string());
+      std::filesystem::remove(path);
+      ep = own_group_.get();
+    }
+    ep_ = ep;
+    local_experts_ = config.num_experts / ep->size();
+    first_expert_ = ep->rank() * local_experts_;
+    fp8_ = config.weight_format == WeightFormat::kFp8Block;
+    EpDispatchConfig dc;
+    dc.hidden = config.hidden;
+    dc.top_k = config.top_k;
+    dc.num_experts = config.num_experts;
+    dc.max_tokens_per_rank = config.max_tokens_per_rank;
+    dc.payload = fp8_ ? EpPayload::kFp8 : EpPayload::kBf16;
+    io_ = std::make_unique<EpDispatcher>(*ep, dc);
+
+    const int64_t H = config.hidden, I = config.intermediate, E = local_experts_;
+    const int64_t rows = io_->received().max_rows;
+    const size_t wbytes = fp8_ ? 1 : 2;
+    w13_ = alloc(E * 2 * I * H * wbytes);
+    w2_ = alloc(E * H * I * wbytes);
+    if (fp8_) {
+      w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
+      w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((H + 127) / 128) * ((I + 127) / 128)));
+      act_scales_ = static_cast<float*>(alloc(sizeof(float) * rows * (I / 128)));
+    } else {
+      h1_ = static_cast<float*>(alloc(sizeof(float) * rows * 2 * I));  // temporary path only
+    }
+    act_ = alloc(rows * I * wbytes);
+    y_ = static_cast<__nv_bfloat16*>(alloc(2 * rows * H));
+    loaded_.assign(E, false);
+  }
+  ~StagedBackend() override {
+    try {
+      destroy();
+    } catch (...) {
+    }
+  }
+
+  std::string_view name() const override { return "staged"; }
+  Capabilities capabilities() const override { return staged_capabilities(); }
+  const MoeConfig& config() const override { return config_; }
+  int first_local_expert() const override { return first_expert_; }
+  int num_local_experts() const override { return local_experts_; }
+
+  void load_expert(int local_expert, const ExpertWeights& w) override {
+    require_alive("load_expert");
+    MEGAMOE_CHECK(local_expert >= 0 && local_expert < local_experts_, "local_expert = ", local_expert,
+                  " must be in [0, ", local_experts_, ")");
+    const int64_t H = config_.hidden, I = config_.intermediate;
+    copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_, kernels::GemmRole::kGateUp);
+    copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_, kernels::GemmRole::kDown);
+    loaded_[local_expert] = true;
+    // NOTES: cudaMemcpy from pageable memory may return before the DMA lands; forward() runs on a
+    // possibly non-blocking stream.
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void load_shared_expert(const ExpertWeights&) override {
+    MEGAMOE_FAIL("backend staged: shared experts are not supported (Capabilities::supports_shared_expert = false)");
+  }
+
+  void warmup(StreamHandle stream) override {
+    require_alive("warmup");
+    ep_->warmup(stream);
+    // Dry run with zero tokens: exercises every kernel and the bounded waits once.
+    MoeInputs in;
+    in.hidden = TensorView::make2d(nullptr, DType::kBF16, 0, config_.hidden, Device::kCuda);
+    in.topk_ids = TensorView::make2d(nullptr, DType::kI32, 0, config_.top_k, Device::kCuda);
+    in.topk_weights = TensorView::make2d(nullptr, DType::kF32, 0, config_.top_k, Device::kCuda);
+    MoeOutputs out;
+    out.out = TensorView::make2d(nullptr, DType::kBF16, 0, config_.hidden, Device::kCuda);
+    forward(in, out, stream);
+    ep_->synchronize(stream);
+    warmed_up_ = true;
+  }
+
+  void forward(const MoeInputs& in, MoeOutputs& out, StreamHandle stream) override {
+    require_alive("forward");
+    for (int e = 0; e < local_experts_; ++e)
+      MEGAMOE_CHECK(loaded_[e], "backend staged: local expert ", e, " (global ", first_expert_ + e,
+                    ") was never loaded with load_expert()");
+    const auto s = static_cast<cudaStream_t>(stream);
+    check_tensor("outputs.out", out.out, DType::kBF16, {in.hidden.shape[0], config_.hidden}, Device::kCuda);
+    io_->dispatch(in.hidden, in.topk_ids, in.topk_weights, stream);
+    const ReceivedTokens& rx = io_->received();
+    const int H = config_.hidden, I = config_.intermediate;
+
+    if (fp8_) {
+      kernels::GroupedGemm1Fp8Args g1;
+      g1.a = static_cast<const uint8_t*>(rx.x);
+      g1.a_scales = rx.x_scales;
+      g1.weights = static_cast<const uint8_t*>(w13_);
+      g1.weight_scales = w13_scales_;
+      g1.expert_offsets = rx.expert_offsets;
+      g1.topk_weights = config_.apply_topk_in_fc1 ? rx.row_weights : nullptr;
+      g1.out = static_cast<uint8_t*>(act_);
+      g1.out_scales = act_scales_;
+      g1.m_capacity = rx.max_rows;
+      g1.num_experts = local_experts_;
+      g1.hidden = H;
+      g1.intermediate = I;
+      g1.activation = config_.activation;
+      kernels::grouped_gemm1_fp8(g1, s);
+      kernels::GroupedGemm2Fp8Args g2;
+      g2.a = static_cast<const uint8_t*>(act_);
+      g2.a_scales = act_scales_;
+      g2.weights = static_cast<const uint8_t*>(w2_);
+      g2.weight_scales = w2_scales_;
+      g2.expert_offsets = rx.expert_offsets;
+      g2.out = reinterpret_cast<uint16_t*>(y_);
+      g2.m_capacity = rx.max_rows;
+      g2.num_experts = local_experts_;
+      g2.hidden = H;
+      g2.intermediate = I;
+      kernels::grouped_gemm2_fp8(g2, s);
+    } else {
+      run_temporary_bf16_experts(rx, s);
+    }
+    io_->combine(y_, out.out, stream, /*apply_weights=*/!config_.apply_topk_in_fc1);
+  }
+
+  // TEMPORARY (until a BF16 grouped GEMM exists): CUDA-core GEMMs + separate SwiGLU kernel.
+  void run_temporary_bf16_experts(const ReceivedTokens& rx, cudaStream_t s) {
+    const int H = config_.hidden, I = config_.intermediate;
+    kernels::temporary::SimtGemmArgs g1{};
+    g1.a = rx.x;
+    g1.a_scales = rx.x_scales;
+    g1.b = w13_;
+    g1.b_scales = w13_scales_;
+    g1.offsets = rx.expert_offsets;
+    g1.num_experts = local_experts_;
+    g1.n = 2 * I;
+    g1.k = H;
+    g1.a_fp8 = g1.b_fp8 = fp8_;
+    g1.out_f32 = h1_;
+    kernels::temporary::launch_simt_grouped_gemm(g1, rx.max_rows, s);
+
+    kernels::SwigluQuantArgs sq{};
+    sq.h = h1_;
+    sq.offsets = rx.expert_offsets;
+    sq.num_experts = local_experts_;
+    sq.intermediate = I;
+    sq.activation = config_.activation.kind == Activation::Kind::kSiluMul ? 0 : 1;
+    sq.limit = config_.activation.limit;
+    sq.alpha = config_.activation.alpha;
+    sq.sources = config_.apply_topk_in_fc1 ? rx.sources : nullptr;
+    sq.fp8 = fp8_;
+    sq.out_fp8 = static_cast<uint8_t*>(act_);
+    sq.out_scales = act_scales_;
+    sq.out_bf16 = static_cast<__nv_bfloat16*>(act_);
+    kernels::launch_swiglu_quant(sq, s);
+
+    kernels::temporary::SimtGemmArgs g2{};
+    g2.a = act_;
+    g2.a_scales = act_scales_;
+    g2.b = w2_;
+    g2.b_scales = w2_scales_;
+    g2.offsets = rx.expert_offsets;
+    g2.num_experts = local_experts_;
+    g2.n = H;
+    g2.k = I;
+    g2.a_fp8 = g2.b_fp8 = fp8_;
+    g2.out_bf16 = y_;
+    kernels::temporary::launch_simt_grouped_gemm(g2, rx.max_rows, s);
+  }
+
+  void destroy() override {
+    if (destroyed_) return;
+    destroyed_ = true;
+    if (io_) io_->destroy();
+    for (void* p : allocations_) cudaFree(p);
+    allocations_.clear();
+    if (own_group_) own_group_->destroy();
+  }
+
+  EpGroup& group() { return *ep_; }
+
+ private:
+  void require_alive(const char* call) const {
+    MEGAMOE_CHECK(!destroyed_, "backend staged: ", call, " called after destroy()");
+  }
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    allocations_.push_back(p);
+    return p;
+  }
+  void copy_matrix(const char* field, const formats::QuantizedMatrix& m, int64_t rows, int64_t cols, int expert,
+                   void* data, float* scales, kernels::GemmRole role) {
+    MEGAMOE_CHECK(m.format == config_.weight_format, field, ".format = ", weight_format_name(m.format),
+                  " but the config says ", weight_format_name(config_.weight_format));
+    MEGAMOE_CHECK(m.rows == rows && m.cols == cols, field, ": expected [", rows, ", ", cols, "], got [", m.rows,
+                  ", ", m.cols, "]");
+    const size_t bytes = static_cast<size_t>(rows) * cols * (fp8_ ? 1 : 2);
+    MEGAMOE_CHECK(m.data.size() == bytes, field, ".data has ", m.data.size(), " bytes, expected ", bytes);
+    if (!fp8_) {
+      MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + bytes * expert, m.data.data(), bytes, cudaMemcpyHostToDevice));
+      return;
+    }
+    // FP8: the grouped GEMM's packed layout (W13 gate/up interleaved by 128 rows), made once here.
+    const kernels::PackedWeightSize packed = kernels::packed_weight_bytes(m.format, rows, cols);
+    std::vector<uint8_t> packed_data(packed.data_bytes);
+    std::vector<float> packed_scales(packed.scale_count);
+    kernels::pack_expert_weights(m, role, packed_data.data(), packed_scales.data());
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + packed.data_bytes * expert, packed_data.data(),
+                                  packed.data_bytes, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(scales + packed.scale_count * expert, packed_scales.data(),
+                                  packed.scale_count * sizeof(float), cudaMemcpyHostToDevice));
+  }
+
+  MoeConfig config_;
+  std::unique_ptr<EpGroup> own_group_;
+  EpGroup* ep_ = nullptr;
+  std::unique_ptr<EpDispatcher> io_;
+  int local_experts_ = 0, first_expert_ = 0;
+  bool fp8_ = false, destroyed_ = false, warmed_up_ = false;
+  std::vector<bool> loaded_;
+  std::vector<void*> allocations_;
+  void *w13_ = nullptr, *w2_ = nullptr, *act_ = nullptr;
+  float *w13_scales_ = nullptr, *w2_scales_ = nullptr, *act_scales_ = nullptr, *h1_ = nullptr;
+  __nv_bfloat16* y_ = nullptr;
+};
+
+}  // namespace
+
+Capabilities staged_capabilities() {
+  Capabilities c;
+  c.formats = {WeightFormat::kBf16, WeightFormat::kFp8Block};
+  c.activations = {Activation::Kind::kSiluMul, Activation::Kind::kSwigluClamped};
+  c.min_ranks = 1;
+  c.max_ranks = kMaxEpRanks;
+  c.needs_gpu = true;
+  c.supports_apply_topk_in_fc1 = true;
+  c.supports_shared_expert = false;
+  return c;
+}
+
+std::unique_ptr<MoeBackend> make_staged_backend(const MoeConfig& config, EpGroup* ep) {
+  return std::make_unique<StagedBackend>(config, ep);
+}
+
+namespace {
+MEGAMOE_REGISTER_BACKEND(backends::BackendEntry{
+    .name = "staged",
+    .capabilities = [] { return staged_capabilities(); },
+    .unavailable_reason = []() -> std::string {
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        cudaGetLastError();
+        return "no CUDA device visible";
+      }
+      return {};
+    },
+    .create = [](const MoeConfig& c, EpGroup* ep) { return make_staged_backend(c, ep); },
+});
+}  // namespace
+
+}  // namespace megamoe

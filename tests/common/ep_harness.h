@@ -1,0 +1,596 @@
+// Shared bodies of the EP tests (1 GPU in tests/gpu, 2 GPUs in tests/multigpu): seeded inputs that
+// every rank can regenerate for every other rank, host references rounded like the kernels, and the
+// self-launch helper (a multigpu test re-runs itself under launch_ranks, one process per GPU).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/gpu_skip.h"
+#include "megamoe/ep.h"
+#include "megamoe/ep_dispatch.h"
+#include "megamoe/error_cuda.h"
+#include "megamoe/moe.h"
+#include "megamoe/poison.h"
+#include "moe/staged_backend.h"
+
+namespace megamoe::testing {
+
+// ---- launching ---------------------------------------------------------------------------------------
+// In the parent: re-runs the current test in `ranks` processes and returns true (the parent is done).
+// In a launched rank: returns false and fills `rank`.
+inline bool spawn_ranks_if_parent(int ranks, LaunchedRank* rank) {
+  if (launched_rank_from_env(rank)) return false;
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string filter = std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const int rc = launch_ranks(ranks, {self, filter}, 300);
+  EXPECT_EQ(rc, 0) << "a rank of " << info->name() << " failed (exit status " << rc << "); see its output above";
+  return true;
+}
+
+inline std::unique_ptr<EpGroup> single_rank_group(EpOptions options = {}) {
+  const auto path = std::filesystem::temp_directory_path() / ("megamoe-test-rdv-" + std::to_string(getpid()));
+  std::filesystem::remove(path);
+  auto group = EpGroup::bootstrap(0, 1, "file:" + path.string(), 0, options);
+  std::filesystem::remove(path);
+  return group;
+}
+
+// ---- host numerics (rounded like the kernels) ------------------------------------------------------
+inline uint16_t bf16_bits(float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  uint16_t bits;
+  std::memcpy(&bits, &b, 2);
+  return bits;
+}
+inline float bf16_value(uint16_t bits) {
+  uint32_t w = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+inline float round_bf16(float v) { return bf16_value(bf16_bits(v)); }
+inline uint8_t e4m3_bits(float v) { return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); }
+inline float e4m3_value(uint8_t q) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(q, __NV_E4M3);
+  uint16_t hb;
+  std::memcpy(&hb, &h, 2);
+  // half -> float exactly
+  const uint32_t sign = (hb >> 15) & 1, exp = (hb >> 10) & 31, man = hb & 1023;
+  float f;
+  if (exp == 0) f = std::ldexp(static_cast<float>(man), -24);
+  else if (exp == 31) f = man ? NAN : INFINITY;
+  else f = std::ldexp(static_cast<float>(man | 1024), static_cast<int>(exp) - 25);
+  return sign ? -f : f;
+}
+// Per row per 128 columns: scale = max(amax, 1e-10) / 448, q = e4m3(x / scale) (IEEE fp32 division).
+inline void quantize_row_fp8(const float* x, int cols, uint8_t* q, float* scales) {
+  for (int g = 0; g < cols; g += 128) {
+    float amax = 0.0f;
+    for (int i = g; i < std::min(cols, g + 128); ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = std::max(amax, 1e-10f) / 448.0f;
+    scales[g / 128] = scale;
+    for (int i = g; i < std::min(cols, g + 128); ++i) q[i] = e4m3_bits(x[i] / scale);
+  }
+}
+
+// ---- seeded inputs every rank can regenerate ---------------------------------------------------------
+enum class Routing { kUniform, kSkewed, kAllToRank0, kPadded };
+inline const char* routing_name(Routing r) {
+  switch (r) {
+    case Routing::kUniform: return "uniform";
+    case Routing::kSkewed: return "skewed";
+    case Routing::kAllToRank0: return "all_to_rank0";
+    case Routing::kPadded: return "padded";
+  }
+  return "?";
+}
+
+struct RankInputs {
+  int tokens = 0;
+  std::vector<uint16_t> hidden;  // [T, H] bf16 bits
+  std::vector<int32_t> ids;      // [T, k]
+  std::vector<float> weights;    // [T, k]
+};
+
+inline RankInputs make_rank_inputs(uint64_t seed, int rank, int tokens, int hidden, int num_experts, int top_k,
+                                   int ranks, Routing routing) {
+  std::mt19937_64 rng(seed * 1000003ull + rank);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> unit(0.05f, 1.0f);
+  RankInputs in;
+  in.tokens = tokens;
+  in.hidden.resize(static_cast<size_t>(tokens) * hidden);
+  for (int t = 0; t < tokens; ++t) {
+    const float row_scale = std::ldexp(1.0f, static_cast<int>(rng() % 9) - 4);  // 2^-4 .. 2^4
+    for (int c = 0; c < hidden; ++c) in.hidden[static_cast<size_t>(t) * hidden + c] = bf16_bits(normal(rng) * row_scale);
+  }
+  in.ids.assign(static_cast<size_t>(tokens) * top_k, -1);
+  in.weights.resize(static_cast<size_t>(tokens) * top_k);
+  const int per_rank = num_experts / ranks;
+  for (int t = 0; t < tokens; ++t) {
+    std::set<int> chosen;
+    while (static_cast<int>(chosen.size()) < top_k) {
+      int e = 0;
+      switch (routing) {
+        case Routing::kUniform:
+        case Routing::kPadded: e = static_cast<int>(rng() % num_experts); break;
+        case Routing::kSkewed: {  // Zipf(1.2)-like: low ids are hot
+          const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+          e = std::min(num_experts - 1, static_cast<int>(std::pow(static_cast<double>(num_experts + 1), u)) - 1);
+          break;
+        }
+        case Routing::kAllToRank0: e = static_cast<int>(rng() % per_rank); break;
+      }
+      chosen.insert(e);
+    }
+    std::vector<int> list(chosen.begin(), chosen.end());
+    std::shuffle(list.begin(), list.end(), rng);
+    for (int j = 0; j < top_k; ++j) {
+      in.ids[static_cast<size_t>(t) * top_k + j] = list[j];
+      in.weights[static_cast<size_t>(t) * top_k + j] = unit(rng);
+    }
+    if (routing == Routing::kPadded) {
+      const bool whole_token = rng() % 8 == 0;
+      for (int j = 0; j < top_k; ++j)
+        if (whole_token || rng() % 3 == 0) in.ids[static_cast<size_t>(t) * top_k + j] = -1;
+    }
+  }
+  return in;
+}
+
+// Device copies of one rank's inputs.
+struct DeviceInputs {
+  void* hidden = nullptr;
+  void* ids = nullptr;
+  void* weights = nullptr;
+  void* out = nullptr;
+  int tokens = 0, hidden_size = 0, top_k = 0;
+  DeviceInputs(const RankInputs& in, int hidden_size_, int top_k_) : tokens(in.tokens), hidden_size(hidden_size_), top_k(top_k_) {
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&hidden, std::max<size_t>(16, in.hidden.size() * 2)));
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&ids, std::max<size_t>(16, in.ids.size() * 4)));
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&weights, std::max<size_t>(16, in.weights.size() * 4)));
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&out, std::max<size_t>(16, in.hidden.size() * 2)));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(hidden, in.hidden.data(), in.hidden.size() * 2, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(ids, in.ids.data(), in.ids.size() * 4, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(weights, in.weights.data(), in.weights.size() * 4, cudaMemcpyHostToDevice));
+    // Pageable cudaMemcpy may return before the DMA lands; kernels run on non-blocking streams.
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~DeviceInputs() {
+    cudaFree(hidden);
+    cudaFree(ids);
+    cudaFree(weights);
+    cudaFree(out);
+  }
+  TensorView hidden_view() const { return TensorView::make2d(hidden, DType::kBF16, tokens, hidden_size, Device::kCuda); }
+  TensorView ids_view() const { return TensorView::make2d(ids, DType::kI32, tokens, top_k, Device::kCuda); }
+  TensorView weights_view() const { return TensorView::make2d(weights, DType::kF32, tokens, top_k, Device::kCuda); }
+  TensorView out_view() const { return TensorView::make2d(out, DType::kBF16, tokens, hidden_size, Device::kCuda); }
+  std::vector<uint16_t> download_out() const {
+    std::vector<uint16_t> v(static_cast<size_t>(tokens) * hidden_size);
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(v.data(), out, v.size() * 2, cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
+// ---- dispatch + combine, bit-exact ------------------------------------------------------------------
+struct DispatchCase {
+  int hidden = 512, top_k = 4, num_experts = 16, capacity = 160;
+  EpPayload payload = EpPayload::kFp8;
+  Routing routing = Routing::kUniform;
+  uint64_t seed = 1;
+  std::vector<int> tokens_per_rank;  // size = ranks
+};
+
+// Expert output the test feeds to combine for grouped row (rank, token, slot), column c: small
+// integers / 8, exact in bf16, different for every origin.
+inline float combine_probe(int rank, int token, int slot, int c) {
+  return static_cast<float>(((rank * 37 + token * 11 + slot * 5 + c * 3) % 61) - 30) / 8.0f;
+}
+
+// Runs one dispatch + combine on this rank and checks both bit for bit. Returns the number of
+// grouped rows checked (so the caller can assert the test covered something).
+inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc, cudaStream_t stream) {
+  const int R = group.size(), me = group.rank();
+  const int H = tc.hidden, k = tc.top_k, E = tc.num_experts, per_rank = E / R;
+  SCOPED_TRACE(::testing::Message() << "rank " << me << " routing " << routing_name(tc.routing) << " payload "
+                                    << (tc.payload == EpPayload::kFp8 ? "fp8" : "bf16") << " seed " << tc.seed);
+  std::vector<RankInputs> all;
+  for (int r = 0; r < R; ++r)
+    all.push_back(make_rank_inputs(tc.seed, r, tc.tokens_per_rank[r], H, E, k, R, tc.routing));
+  EpDispatcher io(group, EpDispatchConfig{H, k, E, tc.capacity, tc.payload});
+  const RankInputs& mine = all[me];
+  DeviceInputs dev(mine, H, k);
+  const ReceivedTokens& rx = io.received();
+  const size_t payload = tc.payload == EpPayload::kFp8 ? 1 : 2;
+  poison_device_buffer(rx.x, rx.max_rows * H * payload, 0xFF, stream);
+  if (rx.x_scales) poison_device_buffer(rx.x_scales, rx.max_rows * (H / 128) * 4, 0xFF, stream);
+  poison_device_buffer(dev.out, static_cast<size_t>(mine.tokens) * H * 2, 0xFF, stream);
+  group.barrier(stream);
+  io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), stream);
+  group.synchronize(stream);
+
+  // Download what arrived.
+  std::vector<int32_t> offsets(per_rank + 1);
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), rx.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
+  const int64_t rows = offsets[per_rank];
+  std::vector<uint8_t> x(rows * H * payload);
+  std::vector<float> scales(rows * (H / 128));
+  std::vector<RowSource> sources(rows);
+  if (rows > 0) {
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(x.data(), rx.x, x.size(), cudaMemcpyDeviceToHost));
+    if (rx.x_scales) MEGAMOE_CUDA_CHECK(cudaMemcpy(scales.data(), rx.x_scales, scales.size() * 4, cudaMemcpyDeviceToHost));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(sources.data(), rx.sources, rows * sizeof(RowSource), cudaMemcpyDeviceToHost));
+  }
+  // Expected payload of every (rank, token) and a reverse index to name a misplaced row's origin.
+  auto expected_row = [&](int r, int t, std::vector<uint8_t>* bytes, std::vector<float>* sc) {
+    const uint16_t* h = all[r].hidden.data() + static_cast<size_t>(t) * H;
+    bytes->assign(H * payload, 0);
+    sc->assign(H / 128, 0.0f);
+    if (tc.payload == EpPayload::kBf16) {
+      std::memcpy(bytes->data(), h, H * 2);
+    } else {
+      std::vector<float> f(H);
+      for (int c = 0; c < H; ++c) f[c] = bf16_value(h[c]);
+      quantize_row_fp8(f.data(), H, bytes->data(), sc->data());
+    }
+  };
+  std::map<std::vector<uint8_t>, std::pair<int, int>> origin_of;
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < all[r].tokens; ++t) {
+      std::vector<uint8_t> b;
+      std::vector<float> s;
+      expected_row(r, t, &b, &s);
+      origin_of.emplace(b, std::make_pair(r, t));
+    }
+  std::set<std::tuple<int, int, int>> expected_slots;
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < all[r].tokens; ++t)
+      for (int j = 0; j < k; ++j) {
+        const int id = all[r].ids[static_cast<size_t>(t) * k + j];
+        if (id >= 0 && id / per_rank == me) expected_slots.insert({r, t, j});
+      }
+  EXPECT_EQ(static_cast<size_t>(rows), expected_slots.size()) << "grouped rows received";
+  int bad = 0;
+  std::set<std::tuple<int, int, int>> seen;
+  for (int e = 0; e < per_rank; ++e) {
+    for (int64_t m = offsets[e]; m < offsets[e + 1] && bad < 5; ++m) {
+      const RowSource s = sources[m];
+      const bool valid_source = s.rank >= 0 && s.rank < R && s.token >= 0 && s.token < all[std::clamp(s.rank, 0, R - 1)].tokens &&
+                                s.slot >= 0 && s.slot < k;
+      if (!valid_source) {
+        ADD_FAILURE() << "grouped row " << m << " has an invalid source (" << s.rank << ", " << s.token << ", " << s.slot << ")";
+        ++bad;
+        continue;
+      }
+      const int id = all[s.rank].ids[static_cast<size_t>(s.token) * k + s.slot];
+      if (id != me * per_rank + e) {
+        ADD_FAILURE() << "grouped row " << m << " sits in local expert " << e << " but source (rank " << s.rank
+                      << ", token " << s.token << ", slot " << s.slot << ") selected expert " << id;
+        ++bad;
+      }
+      if (!seen.insert({s.rank, s.token, s.slot}).second) {
+        ADD_FAILURE() << "source (rank " << s.rank << ", token " << s.token << ", slot " << s.slot << ") arrived twice";
+        ++bad;
+      }
+      EXPECT_EQ(s.weight, all[s.rank].weights[static_cast<size_t>(s.token) * k + s.slot]) << "weight of grouped row " << m;
+      std::vector<uint8_t> want;
+      std::vector<float> want_scales;
+      expected_row(s.rank, s.token, &want, &want_scales);
+      const std::vector<uint8_t> got(x.begin() + m * H * payload, x.begin() + (m + 1) * H * payload);
+      if (got != want) {
+        const auto it = origin_of.find(got);
+        ADD_FAILURE() << "grouped row " << m << " should hold (rank " << s.rank << ", token " << s.token << ") but holds "
+                      << (it == origin_of.end() ? std::string("data of no token (corrupt)")
+                                                : "(rank " + std::to_string(it->second.first) + ", token " +
+                                                      std::to_string(it->second.second) + ")");
+        ++bad;
+      }
+      if (tc.payload == EpPayload::kFp8)
+        for (int g = 0; g < H / 128; ++g)
+          if (scales[m * (H / 128) + g] != want_scales[g]) {
+            ADD_FAILURE() << "grouped row " << m << " scale " << g << ": " << scales[m * (H / 128) + g] << " != " << want_scales[g];
+            ++bad;
+            break;
+          }
+    }
+  }
+  EXPECT_EQ(seen, expected_slots);
+
+  // Combine: feed probes, expect the fixed-order fp32 sum on the source rank.
+  std::vector<uint16_t> y(std::max<int64_t>(rows, 1) * H);
+  for (int64_t m = 0; m < rows; ++m)
+    for (int c = 0; c < H; ++c) y[m * H + c] = bf16_bits(combine_probe(sources[m].rank, sources[m].token, sources[m].slot, c));
+  void* y_dev = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaMalloc(&y_dev, y.size() * 2));
+  MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(y_dev, y.data(), y.size() * 2, cudaMemcpyHostToDevice, stream));
+  io.combine(y_dev, dev.out_view(), stream);
+  group.synchronize(stream);
+  cudaFree(y_dev);
+  const auto out = dev.download_out();
+  int mismatches = 0;
+  for (int t = 0; t < mine.tokens && mismatches < 5; ++t)
+    for (int c = 0; c < H; ++c) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; ++j)
+        if (mine.ids[static_cast<size_t>(t) * k + j] >= 0)
+          acc = std::fmaf(mine.weights[static_cast<size_t>(t) * k + j], round_bf16(combine_probe(me, t, j, c)), acc);
+      if (out[static_cast<size_t>(t) * H + c] != bf16_bits(acc)) {
+        ADD_FAILURE() << "combine: token " << t << " column " << c << " got bf16 0x" << std::hex
+                      << out[static_cast<size_t>(t) * H + c] << " expected 0x" << bf16_bits(acc) << std::dec;
+        ++mismatches;
+        break;
+      }
+    }
+  io.destroy();
+  return rows;
+}
+
+// ---- staged vs host reference -------------------------------------------------------------------------
+struct LayerCase {
+  MoeConfig config;
+  Routing routing = Routing::kUniform;
+  uint64_t seed = 7;
+  std::vector<int> tokens_per_rank;
+};
+
+struct HostExpert {
+  std::vector<float> w13, w2;  // dequantized [2I, H], [H, I]
+  ExpertWeights weights;
+};
+
+inline formats::QuantizedMatrix host_quantize(const std::vector<float>& w, int64_t rows, int64_t cols, WeightFormat format,
+                                              std::vector<float>* dequantized) {
+  formats::QuantizedMatrix m;
+  m.format = format;
+  m.rows = rows;
+  m.cols = cols;
+  dequantized->resize(rows * cols);
+  if (format == WeightFormat::kBf16) {
+    m.data.resize(rows * cols * 2);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      const uint16_t b = bf16_bits(w[i]);
+      std::memcpy(m.data.data() + 2 * i, &b, 2);
+      (*dequantized)[i] = bf16_value(b);
+    }
+    return m;
+  }
+  const int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+  m.data.resize(rows * cols);
+  m.block_scales.resize(rb * cb);
+  for (int64_t bi = 0; bi < rb; ++bi)
+    for (int64_t bj = 0; bj < cb; ++bj) {
+      float amax = 0.0f;
+      for (int64_t r = bi * 128; r < std::min(rows, bi * 128 + 128); ++r)
+        for (int64_t c = bj * 128; c < std::min(cols, bj * 128 + 128); ++c) amax = std::max(amax, std::fabs(w[r * cols + c]));
+      const float scale = std::max(amax, 1e-10f) / 448.0f;
+      m.block_scales[bi * cb + bj] = scale;
+      for (int64_t r = bi * 128; r < std::min(rows, bi * 128 + 128); ++r)
+        for (int64_t c = bj * 128; c < std::min(cols, bj * 128 + 128); ++c) {
+          m.data[r * cols + c] = e4m3_bits(w[r * cols + c] / scale);
+          (*dequantized)[r * cols + c] = e4m3_value(m.data[r * cols + c]) * scale;
+        }
+    }
+  return m;
+}
+
+inline std::vector<HostExpert> make_experts(const MoeConfig& c, uint64_t seed) {
+  std::vector<HostExpert> experts(c.num_experts);
+  for (int e = 0; e < c.num_experts; ++e) {
+    std::mt19937_64 rng(seed * 7919ull + e);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> w13(2 * c.intermediate * c.hidden), w2(c.hidden * c.intermediate);
+    for (auto& v : w13) v = normal(rng) / std::sqrt(static_cast<float>(c.hidden));
+    for (auto& v : w2) v = normal(rng) / std::sqrt(static_cast<float>(c.intermediate));
+    experts[e].weights.w13 = host_quantize(w13, 2 * c.intermediate, c.hidden, c.weight_format, &experts[e].w13);
+    experts[e].weights.w2 = host_quantize(w2, c.hidden, c.intermediate, c.weight_format, &experts[e].w2);
+  }
+  return experts;
+}
+
+// One E4M3 step at |v| (normal range; subnormal step 2^-9).
+inline double e4m3_step(double v) {
+  const double a = std::fabs(v);
+  if (a < std::ldexp(1.0, -6)) return std::ldexp(1.0, -9);
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 3);
+}
+
+// fp64 GEMMs on the dequantized operands; activation quantization, SiLU and rounding in fp32 like the
+// kernels. Also returns a per-element error bound `tolerance` from this model of the GPU path:
+//   * GEMM 1 accumulates in FP32 with per-128-K promotion (sm90 wgmma) or plain FP32 (bf16 path):
+//     relative error <= 2^-9 of sum |terms| is assumed for h; an activation code may flip only where
+//     h/scale lies within that error of an E4M3 rounding midpoint ("ambiguous"); a flip moves a_i by
+//     one step, i.e. y[c] by step_i * scale * |w2[c, i]|;
+//   * propagated GEMM 1 error into GEMM 2: 2^-9 * sum_i |w2[c,i]| |a_i|;
+//   * GEMM 2 accumulation + BF16 rounding of y: 2^-7 |y|;
+//   * final fp32 sum + BF16 rounding: 2^-8 |out|.
+inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<HostExpert>& experts, const RankInputs& in,
+                                          std::vector<double>* tolerance = nullptr) {
+  const int H = c.hidden, I = c.intermediate, k = c.top_k;
+  const bool fp8 = c.weight_format != WeightFormat::kBf16;
+  const double gemm_rel = std::ldexp(1.0, -9);
+  std::vector<float> out(static_cast<size_t>(in.tokens) * H);
+  if (tolerance) tolerance->assign(out.size(), 0.0);
+  std::vector<float> x(H), act(I), y(H);
+  std::vector<double> act_abs_err(I);
+  std::vector<uint8_t> q(std::max(H, I));
+  std::vector<float> sc(std::max(H, I) / 128 + 1);
+  for (int t = 0; t < in.tokens; ++t) {
+    for (int col = 0; col < H; ++col) x[col] = bf16_value(in.hidden[static_cast<size_t>(t) * H + col]);
+    if (fp8) {
+      quantize_row_fp8(x.data(), H, q.data(), sc.data());
+      for (int col = 0; col < H; ++col) x[col] = e4m3_value(q[col]) * sc[col / 128];
+    }
+    std::vector<float> acc(H, 0.0f);
+    std::vector<double> tol(H, 0.0);
+    for (int j = 0; j < k; ++j) {
+      const int id = in.ids[static_cast<size_t>(t) * k + j];
+      if (id < 0) continue;
+      const float w = in.weights[static_cast<size_t>(t) * k + j];
+      const HostExpert& ex = experts[id];
+      std::vector<double> h_err(I);
+      for (int i = 0; i < I; ++i) {
+        double g = 0, u = 0, g_abs = 0, u_abs = 0;
+        for (int col = 0; col < H; ++col) {
+          const double wg = ex.w13[static_cast<size_t>(i) * H + col], wu = ex.w13[static_cast<size_t>(I + i) * H + col];
+          g += wg * x[col];
+          u += wu * x[col];
+          g_abs += std::fabs(wg * x[col]);
+          u_abs += std::fabs(wu * x[col]);
+        }
+        const float gf = static_cast<float>(g), uf = static_cast<float>(u);
+        float a;
+        if (c.activation.kind == Activation::Kind::kSiluMul) {
+          a = gf / (1.0f + std::exp(-gf)) * uf;
+        } else {
+          const float gc = std::min(gf, c.activation.limit), uc = std::min(std::max(uf, -c.activation.limit), c.activation.limit);
+          a = gc / (1.0f + std::exp(-c.activation.alpha * gc)) * (uc + 1.0f);
+        }
+        if (c.apply_topk_in_fc1) a *= w;
+        act[i] = a;
+        // |d silu(g) u| <= (1.1 |u| |dg| + |g| |du|) roughly; use a generous first-order bound.
+        const double dg = c.activation.kind == Activation::Kind::kSiluMul
+                              ? 1.1 * std::fabs(uf)
+                              : (1.1 + c.activation.alpha * std::fabs(gf) / 4) * (std::fabs(uf) + 1.0);
+        h_err[i] = gemm_rel * (dg * g_abs + std::max(1.0, static_cast<double>(std::fabs(gf))) * u_abs) *
+                   (c.apply_topk_in_fc1 ? w : 1.0f) + 1e-6 * std::fabs(a);
+      }
+      std::vector<double> flip_step(I, 0.0);  // size of a possible code flip of a_i (0 = unambiguous)
+      if (fp8) {
+        quantize_row_fp8(act.data(), I, q.data(), sc.data());
+        for (int i = 0; i < I; ++i) {
+          const double scaled = act[i] / sc[i / 128], step = e4m3_step(scaled);
+          const double err = h_err[i] / sc[i / 128] + gemm_rel * std::fabs(scaled);  // scale drift too
+          const double to_midpoint = std::fabs(std::fabs(scaled - e4m3_value(q[i])) - step / 2);
+          if (to_midpoint <= err) flip_step[i] = step * sc[i / 128];
+          act[i] = e4m3_value(q[i]) * sc[i / 128];
+        }
+      } else {
+        for (int i = 0; i < I; ++i) {
+          const double step = std::ldexp(std::fabs(act[i]), -7);
+          if (h_err[i] >= std::ldexp(std::fabs(act[i]), -9)) flip_step[i] = step;
+          act[i] = round_bf16(act[i]);
+        }
+      }
+      for (int col = 0; col < H; ++col) {
+        double s = 0, s_abs = 0, flips = 0;
+        for (int i = 0; i < I; ++i) {
+          const double w2 = ex.w2[static_cast<size_t>(col) * I + i];
+          s += w2 * act[i];
+          s_abs += std::fabs(w2 * act[i]);
+          flips += flip_step[i] * std::fabs(w2);
+        }
+        const float yv = round_bf16(static_cast<float>(s));
+        const float weight = c.apply_topk_in_fc1 ? 1.0f : w;
+        acc[col] = std::fmaf(weight, yv, acc[col]);
+        tol[col] += weight * (std::ldexp(std::fabs(yv), -7) + gemm_rel * s_abs + flips);
+      }
+    }
+    for (int col = 0; col < H; ++col) {
+      out[static_cast<size_t>(t) * H + col] = round_bf16(acc[col]);
+      if (tolerance) (*tolerance)[static_cast<size_t>(t) * H + col] = tol[col] + std::ldexp(std::fabs(acc[col]), -8) + 1e-6;
+    }
+  }
+  return out;
+}
+
+struct Comparison {
+  double rel_l2 = 0;
+  int64_t elementwise_failures = 0;
+  std::string first_failure;
+};
+
+// rel-L2 over the whole output AND |got - ref| <= tolerance[i] per element.
+inline Comparison compare_outputs(const std::vector<uint16_t>& got, const std::vector<float>& ref, int H,
+                                  const std::vector<double>& tolerance) {
+  Comparison cmp;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = static_cast<double>(bf16_value(got[i])) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  cmp.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double g = bf16_value(got[i]);
+    if (!(std::fabs(g - ref[i]) <= tolerance[i])) {
+      if (cmp.elementwise_failures++ == 0)
+        cmp.first_failure = "token " + std::to_string(i / H) + " column " + std::to_string(i % H) + ": got " +
+                            std::to_string(g) + " expected " + std::to_string(ref[i]) + " bound " + std::to_string(tolerance[i]);
+    }
+  }
+  return cmp;
+}
+
+// Per-format rel-L2 budget (issue 3's): FP8 re-quantizes between the GEMMs, and ~1% of the codes may
+// flip where the GPU's accumulation and the fp64 reference straddle a rounding midpoint (each flip
+// is one E4M3 step, 1/16..1/8 relative), so 1e-2 as the grouped-GEMM tests; BF16 2e-3.
+inline double rel_l2_budget(WeightFormat f) { return f == WeightFormat::kBf16 ? 2e-3 : 1e-2; }
+
+// Runs the staged backend on this rank against the host reference; with graph_replay also captures
+// the forward into a CUDA graph and checks that three replays reproduce the eager output bit for bit.
+inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t stream, bool graph_replay) {
+  const MoeConfig& c = lc.config;
+  const int R = group.size(), me = group.rank();
+  SCOPED_TRACE(::testing::Message() << "rank " << me << " format " << weight_format_name(c.weight_format) << " routing "
+                                    << routing_name(lc.routing) << " seed " << lc.seed);
+  const auto experts = make_experts(c, lc.seed);
+  auto backend = make_staged_backend(c, &group);
+  for (int e = 0; e < backend->num_local_experts(); ++e)
+    backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
+  backend->warmup(stream);
+  const RankInputs in = make_rank_inputs(lc.seed, me, lc.tokens_per_rank[me], c.hidden, c.num_experts, c.top_k, R, lc.routing);
+  DeviceInputs dev(in, c.hidden, c.top_k);
+  poison_device_buffer(dev.out, static_cast<size_t>(in.tokens) * c.hidden * 2, 0xFF, stream);
+  MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+  MoeOutputs outputs{dev.out_view()};
+  backend->forward(inputs, outputs, stream);
+  group.synchronize(stream);
+  const auto got = dev.download_out();
+  std::vector<double> tolerance;
+  const auto ref = reference_layer(c, experts, in, &tolerance);
+  const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
+  EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
+  EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
+  std::printf("[staged] rank %d %s %s T=%d rel_l2=%.3g\n", me, std::string(weight_format_name(c.weight_format)).c_str(),
+              routing_name(lc.routing), in.tokens, cmp.rel_l2);
+  if (graph_replay) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    MEGAMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    backend->forward(inputs, outputs, stream);
+    MEGAMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    MEGAMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      poison_device_buffer(dev.out, static_cast<size_t>(in.tokens) * c.hidden * 2, 0xFF, stream);
+      MEGAMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      group.synchronize(stream);
+      EXPECT_TRUE(dev.download_out() == got) << "graph replay " << replay << " differs from the eager forward";
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  backend->destroy();
+  backend->destroy();  // idempotent
+  EXPECT_THROW(backend->forward(inputs, outputs, stream), Error);
+}
+
+}  // namespace megamoe::testing

@@ -1,0 +1,77 @@
+// End to end: the README's first command, `megamoe bench layer --backend reference --preset tiny`,
+// and the bench's JSON and error paths, run as the built binary.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+CommandResult run_megamoe(const std::string& args) {
+  const std::string binary = std::string(MEGAMOE_BINARY_DIR) + "/megamoe";
+  CommandResult run;
+  if (!std::filesystem::exists(binary)) {
+    ADD_FAILURE() << binary << " is missing: build the megamoe target before running the tests";
+    return run;
+  }
+  FILE* pipe = popen((binary + " " + args + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) {
+    ADD_FAILURE() << "popen failed";
+    return run;
+  }
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+}  // namespace
+
+TEST(BenchLayerCli, TinyReferenceRunsChecksAndWritesJson) {
+  const std::string json_path =
+      (std::filesystem::temp_directory_path() / ("megamoe_bench_layer_" + std::to_string(getpid()) + ".json")).string();
+  const CommandResult run = run_megamoe("bench layer --backend reference,reference-fp32 --preset tiny --tokens 0,64 --check "
+                              "--iters 2 --json " + json_path);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("| reference "), std::string::npos) << run.output;
+  std::ifstream file(json_path);
+  ASSERT_TRUE(file.good()) << json_path;
+  const nlohmann::json j = nlohmann::json::parse(file);
+  std::filesystem::remove(json_path);
+  EXPECT_EQ(j["shape"]["hidden"], 256);
+  EXPECT_EQ(j["shape"]["experts"], 8);
+  ASSERT_EQ(j["cases"].size(), 4u);
+  const nlohmann::json& c = j["cases"][2];  // reference, 64 tokens
+  EXPECT_EQ(c["backend"], "reference");
+  EXPECT_EQ(c["tokens"], 64);
+  EXPECT_EQ(c["rows"], 128);  // uniform routing, no padding: 64 tokens x top-2
+  EXPECT_GT(c["median_us"].get<double>(), 0.0);
+  EXPECT_GT(c["tflops"].get<double>(), 0.0);
+  EXPECT_TRUE(c["check"]["passed"].get<bool>());
+  EXPECT_EQ(j["cases"][3]["backend"], "reference_fp32");
+  EXPECT_TRUE(j["cases"][3]["check"]["passed"].get<bool>());
+}
+
+TEST(BenchLayerCli, ClearErrors) {
+  const CommandResult ranks = run_megamoe("bench layer --ranks 2");
+  EXPECT_EQ(ranks.exit_code, 2);
+  EXPECT_NE(ranks.output.find("--ranks 2"), std::string::npos) << ranks.output;
+  const CommandResult preset = run_megamoe("bench layer --preset nope");
+  EXPECT_EQ(preset.exit_code, 2);
+  EXPECT_NE(preset.output.find("dsv4-flash"), std::string::npos) << preset.output;
+  const CommandResult shape = run_megamoe("bench layer --hidden 100");
+  EXPECT_NE(shape.output.find("hidden = 100 must be a positive multiple of 128"), std::string::npos) << shape.output;
+}

@@ -1,0 +1,116 @@
+// The host-side weight-layout transform of the grouped GEMMs (src/kernels/grouped_gemm.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "common/fp8_codec.h"
+#include "kernels/grouped_gemm.h"
+#include "megamoe/formats.h"
+#include "megamoe/error.h"
+
+namespace megamoe {
+namespace {
+
+formats::QuantizedMatrix random_fp8_matrix(int64_t rows, int64_t cols, uint64_t seed) {
+  formats::QuantizedMatrix m;
+  m.format = WeightFormat::kFp8Block;
+  m.rows = rows;
+  m.cols = cols;
+  std::mt19937_64 rng(seed);
+  m.data.resize(rows * cols);
+  for (auto& b : m.data) b = static_cast<uint8_t>(rng() & 0x7E);
+  m.block_scales.resize((rows / 128) * (cols / 128));
+  std::uniform_real_distribution<float> scale(0.1f, 2.0f);
+  for (auto& s : m.block_scales) s = scale(rng);
+  return m;
+}
+
+TEST(GroupedGemmLayout, GateUpInterleavesBlocksOf128Rows) {
+  const int64_t intermediate = 384, hidden = 256;
+  const auto m = random_fp8_matrix(2 * intermediate, hidden, 3);
+  const auto size = kernels::packed_weight_bytes(WeightFormat::kFp8Block, m.rows, m.cols);
+  ASSERT_EQ(size.data_bytes, static_cast<size_t>(m.rows * m.cols));
+  ASSERT_EQ(size.scale_count, static_cast<size_t>((m.rows / 128) * (m.cols / 128)));
+  std::vector<uint8_t> data(size.data_bytes);
+  std::vector<float> scales(size.scale_count);
+  kernels::pack_expert_weights(m, kernels::GemmRole::kGateUp, data.data(), scales.data());
+  const int64_t k_blocks = hidden / 128;
+  for (int64_t packed_row = 0; packed_row < m.rows; ++packed_row) {
+    const int64_t j = packed_row / 256, i = packed_row % 256;
+    const int64_t canonical_row = i < 128 ? 128 * j + i : intermediate + 128 * j + (i - 128);
+    for (int64_t c = 0; c < hidden; ++c)
+      ASSERT_EQ(data[packed_row * hidden + c], m.data[canonical_row * hidden + c]) << "packed row " << packed_row;
+    for (int64_t kb = 0; kb < k_blocks; ++kb)
+      ASSERT_EQ(scales[(packed_row / 128) * k_blocks + kb], m.block_scales[(canonical_row / 128) * k_blocks + kb]);
+  }
+}
+
+TEST(GroupedGemmLayout, DownIsCanonical) {
+  const auto m = random_fp8_matrix(256, 384, 4);
+  std::vector<uint8_t> data(m.data.size());
+  std::vector<float> scales(m.block_scales.size());
+  kernels::pack_expert_weights(m, kernels::GemmRole::kDown, data.data(), scales.data());
+  EXPECT_EQ(data, m.data);
+  EXPECT_EQ(scales, m.block_scales);
+}
+
+void expect_error(const formats::QuantizedMatrix& m, kernels::GemmRole role, const std::string& needle) {
+  std::vector<uint8_t> data(m.rows * m.cols + 1);
+  std::vector<float> scales(m.rows * m.cols + 1);
+  try {
+    kernels::pack_expert_weights(m, role, data.data(), scales.data());
+    ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
+  }
+}
+
+TEST(GroupedGemmLayout, RejectsBadMatrices) {
+  auto m = random_fp8_matrix(384, 256, 5);
+  expect_error(m, kernels::GemmRole::kGateUp, "must be a multiple of 256");  // 2I = 384: I not a multiple of 128
+  auto short_data = random_fp8_matrix(256, 256, 6);
+  short_data.data.pop_back();
+  expect_error(short_data, kernels::GemmRole::kDown, "canonical.data has");
+  auto bad_scales = random_fp8_matrix(256, 256, 7);
+  bad_scales.block_scales.push_back(1.0f);
+  expect_error(bad_scales, kernels::GemmRole::kDown, "canonical.block_scales has");
+  auto nvfp4 = random_fp8_matrix(256, 256, 8);
+  nvfp4.format = WeightFormat::kNvfp4;
+  expect_error(nvfp4, kernels::GemmRole::kDown, "not supported yet");
+  auto ragged = random_fp8_matrix(256, 256, 9);
+  ragged.cols = 200;
+  expect_error(ragged, kernels::GemmRole::kDown, "weight cols = 200");
+}
+
+// The GPU tests judge the kernels with their own E4M3/BF16 codec; it must agree with formats.h.
+TEST(GroupedGemmTestCodec, AgreesWithFormats) {
+  for (int code = 0; code < 256; ++code) {
+    const float mine = testing::e4m3_decode(static_cast<uint8_t>(code));
+    const float theirs = formats::e4m3_to_f32(static_cast<uint8_t>(code));
+    if (std::isnan(theirs)) {
+      EXPECT_TRUE(std::isnan(mine)) << "code " << code;
+    } else {
+      EXPECT_EQ(mine, theirs) << "code " << code;
+      EXPECT_EQ(std::signbit(mine), std::signbit(theirs)) << "code " << code;
+    }
+  }
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> uniform(-500.0f, 500.0f);
+  std::uniform_int_distribution<int> exponent(-14, 9);
+  for (int i = 0; i < 200000; ++i) {
+    float value = uniform(rng);
+    if (i % 2) value = std::ldexp(value / 500.0f, exponent(rng));
+    if (i % 7 == 0) {  // exact midpoints between neighbouring codes: ties to even
+      const int code = static_cast<int>(rng() % 0x7E);
+      value = 0.5f * (formats::e4m3_to_f32(static_cast<uint8_t>(code)) + formats::e4m3_to_f32(static_cast<uint8_t>(code + 1)));
+      if (rng() & 1) value = -value;
+    }
+    ASSERT_EQ(testing::e4m3_encode(value), formats::f32_to_e4m3(value)) << "value " << value;
+    ASSERT_EQ(testing::bf16_round(value), formats::f32_to_bf16(value)) << "value " << value;
+  }
+}
+
+}  // namespace
+}  // namespace megamoe

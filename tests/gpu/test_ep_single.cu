@@ -1,0 +1,113 @@
+// EP runtime, dispatch/combine and the staged backend on ONE GPU (a single-rank group).
+#include <chrono>
+
+#include "common/ep_harness.h"
+
+namespace megamoe::testing {
+namespace {
+
+class EpSingle : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MEGAMOE_REQUIRE_GPUS(1);
+    MEGAMOE_CUDA_CHECK(cudaSetDevice(0));
+    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+TEST_F(EpSingle, LifecycleWarmupBarrierDestroy) {
+  auto group = single_rank_group();
+  EXPECT_EQ(group->size(), 1);
+  EXPECT_EQ(group->rank(), 0);
+  group->warmup(stream_);
+  for (int i = 0; i < 3; ++i) group->barrier(stream_);
+  group->synchronize(stream_);
+  group->destroy();
+  group->destroy();  // idempotent
+  EXPECT_TRUE(group->destroyed());
+  try {
+    group->barrier(stream_);
+    ADD_FAILURE() << "barrier after destroy did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("after destroy"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(EpSingle, DispatchCombineBitExact) {
+  auto group = single_rank_group();
+  group->warmup(stream_);
+  int64_t rows = 0;
+  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16})
+    for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kPadded}) {
+      DispatchCase tc;
+      tc.payload = payload;
+      tc.routing = routing;
+      tc.seed = 11 + static_cast<int>(routing);
+      tc.tokens_per_rank = {137};
+      rows += run_dispatch_combine_case(*group, tc, stream_);
+    }
+  DispatchCase empty;
+  empty.tokens_per_rank = {0};
+  EXPECT_EQ(run_dispatch_combine_case(*group, empty, stream_), 0);
+  EXPECT_GT(rows, 0);
+}
+
+TEST_F(EpSingle, CapacityOverflowThrowsBeforeLaunch) {
+  auto group = single_rank_group();
+  EpDispatcher io(*group, EpDispatchConfig{256, 2, 4, 8, EpPayload::kFp8});
+  const RankInputs in = make_rank_inputs(3, 0, 9, 256, 4, 2, 1, Routing::kUniform);
+  DeviceInputs dev(in, 256, 2);
+  try {
+    io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), stream_);
+    ADD_FAILURE() << "T = 9 > capacity 8 did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_tokens_per_rank = 8"), std::string::npos) << e.what();
+  }
+  // The group is still usable: nothing was launched.
+  const RankInputs ok = make_rank_inputs(3, 0, 8, 256, 4, 2, 1, Routing::kUniform);
+  DeviceInputs dev_ok(ok, 256, 2);
+  io.dispatch(dev_ok.hidden_view(), dev_ok.ids_view(), dev_ok.weights_view(), stream_);
+  group->synchronize(stream_);
+}
+
+TEST_F(EpSingle, InvalidExpertIdIsReported) {
+  auto group = single_rank_group();
+  EpDispatcher io(*group, EpDispatchConfig{256, 2, 4, 8, EpPayload::kFp8});
+  RankInputs in = make_rank_inputs(5, 0, 4, 256, 4, 2, 1, Routing::kUniform);
+  in.ids[3] = 17;  // >= num_experts
+  DeviceInputs dev(in, 256, 2);
+  io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), stream_);
+  try {
+    group->synchronize(stream_);
+    ADD_FAILURE() << "expert id 17 >= 4 was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("17"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(EpSingle, StagedMatchesReference) {
+  auto group = single_rank_group();
+  for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16}) {
+    LayerCase lc;
+    lc.config.hidden = 256;
+    lc.config.intermediate = 256;
+    lc.config.num_experts = 8;
+    lc.config.top_k = 3;
+    lc.config.weight_format = format;
+    lc.config.max_tokens_per_rank = 96;
+    lc.tokens_per_rank = {77};
+    lc.routing = Routing::kPadded;
+    run_staged_case(*group, lc, stream_, /*graph_replay=*/true);
+  }
+  LayerCase fc1;
+  fc1.config = MoeConfig{256, 128, 4, 2, WeightFormat::kFp8Block, Activation{Activation::Kind::kSwigluClamped}, true, 0, 64};
+  fc1.tokens_per_rank = {40};
+  run_staged_case(*group, fc1, stream_, false);
+}
+
+}  // namespace
+}  // namespace megamoe::testing

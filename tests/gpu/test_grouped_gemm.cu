@@ -1,0 +1,376 @@
+// FP8-block grouped GEMMs (src/kernels/grouped_gemm.h) against an fp64 CPU reference computed on the
+// same quantized operands.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/gpu_skip.h"
+#include "gpu/fp8_test_util.h"
+#include "kernels/grouped_gemm.h"
+#include "megamoe/error.h"
+#include "megamoe/poison.h"
+
+namespace megamoe {
+namespace {
+
+using testing::bf16_decode;
+using testing::bf16_round;
+using testing::DeviceBuffer;
+using testing::e4m3_decode;
+using testing::e4m3_encode;
+
+constexpr int kLeadingPadRows = 5, kTrailingPadRows = 7;
+
+// Rows of all experts, contiguous, between poisoned padding rows that belong to no expert.
+struct Problem {
+  int experts = 0, n = 0, k = 0;
+  std::vector<int32_t> offsets;  // [E+1]
+  int64_t capacity = 0;
+  std::vector<uint8_t> a;        // [capacity, k]
+  std::vector<float> a_scales;   // [capacity, k/128]
+  std::vector<uint8_t> w;        // canonical [E, n, k]
+  std::vector<float> w_scales;   // [E, n/128, k/128]
+};
+
+Problem make_problem(const std::vector<int>& counts, int n, int k, uint64_t seed, bool small_integers = false) {
+  Problem p;
+  p.experts = static_cast<int>(counts.size());
+  p.n = n;
+  p.k = k;
+  p.offsets.push_back(kLeadingPadRows);
+  for (int c : counts) p.offsets.push_back(p.offsets.back() + c);
+  p.capacity = p.offsets.back() + kTrailingPadRows;
+  std::mt19937_64 rng(seed);
+  if (small_integers) {
+    // Integers in [-4, 4] (exact in E4M3) with power-of-two scales: every product and every partial
+    // sum is exact in FP32, so the result must equal bf16_rn(exact value) bit for bit.
+    std::uniform_int_distribution<int> value(-4, 4), exponent(-3, 2);
+    p.a.resize(p.capacity * k);
+    p.w.resize(static_cast<size_t>(p.experts) * n * k);
+    for (auto& x : p.a) x = e4m3_encode(value(rng));
+    for (auto& x : p.w) x = e4m3_encode(value(rng));
+    p.a_scales.resize(p.capacity * (k / 128));
+    p.w_scales.resize(static_cast<size_t>(p.experts) * (n / 128) * (k / 128));
+    for (auto& s : p.a_scales) s = std::ldexp(1.0f, exponent(rng));
+    for (auto& s : p.w_scales) s = std::ldexp(1.0f, exponent(rng));
+    return p;
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> a(p.capacity * k), w(static_cast<size_t>(p.experts) * n * k);
+  for (auto& x : a) x = normal(rng);
+  const float w_std = 1.0f / std::sqrt(static_cast<float>(k));
+  for (auto& x : w) x = normal(rng) * w_std;
+  testing::quantize_rows(a, p.capacity, k, p.a, p.a_scales);
+  testing::quantize_blocks(w, p.experts, n, k, p.w, p.w_scales);
+  return p;
+}
+
+// fp64 value and sum of |terms| of out[r, c] for expert e, canonical weight row `wrow`.
+void reference_dot(const Problem& p, int e, int64_t r, int wrow, double* value, double* magnitude) {
+  const int kb_count = p.k / 128;
+  double sum = 0, abs_sum = 0;
+  for (int kb = 0; kb < kb_count; ++kb) {
+    const double scale = static_cast<double>(p.a_scales[r * kb_count + kb]) *
+                         p.w_scales[(static_cast<size_t>(e) * (p.n / 128) + wrow / 128) * kb_count + kb];
+    const uint8_t* a = &p.a[r * p.k + kb * 128];
+    const uint8_t* w = &p.w[(static_cast<size_t>(e) * p.n + wrow) * p.k + kb * 128];
+    double block = 0, abs_block = 0;
+    for (int i = 0; i < 128; ++i) {
+      const double product = static_cast<double>(e4m3_decode(a[i])) * e4m3_decode(w[i]);
+      block += product;
+      abs_block += std::fabs(product);
+    }
+    sum += block * scale;
+    abs_sum += abs_block * std::fabs(scale);
+  }
+  *value = sum;
+  *magnitude = abs_sum;
+}
+
+int expert_of_row(const Problem& p, int64_t r) {
+  for (int e = 0; e < p.experts; ++e)
+    if (r >= p.offsets[e] && r < p.offsets[e + 1]) return e;
+  return -1;
+}
+
+std::string describe(const Problem& p, uint64_t seed) {
+  std::string text = "seed " + std::to_string(seed) + " n " + std::to_string(p.n) + " k " + std::to_string(p.k) +
+                     " offsets";
+  for (int o : p.offsets) text += " " + std::to_string(o);
+  return text;
+}
+
+void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact) {
+  const Problem p = make_problem(counts, n, k, seed, exact);
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  DeviceBuffer a(p.a), a_scales(p.a_scales), w(p.w), w_scales(p.w_scales), offsets(p.offsets);
+  DeviceBuffer out(p.capacity * n * sizeof(uint16_t));
+  poison_device_buffer(out.data, out.bytes);
+  kernels::GroupedGemmFp8Args args;
+  args.a = a.as<uint8_t>();
+  args.a_scales = a_scales.as<float>();
+  args.weights = w.as<uint8_t>();
+  args.weight_scales = w_scales.as<float>();
+  args.expert_offsets = offsets.as<int32_t>();
+  args.out = out.as<uint16_t>();
+  args.m_capacity = p.capacity;
+  args.num_experts = p.experts;
+  args.n = n;
+  args.k = k;
+  args.rows_per_expert_hint = rows_hint;
+  kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto result = out.download<uint16_t>();
+
+  double error_sq = 0, ref_sq = 0;
+  int64_t bad = 0, mismatched_bits = 0;
+  for (int64_t r = 0; r < p.capacity; ++r) {
+    const int e = expert_of_row(p, r);
+    for (int c = 0; c < n; ++c) {
+      const uint16_t got_bits = result[r * n + c];
+      if (e < 0) {  // rows of no expert stay poisoned
+        if (got_bits != 0xFFFF && bad++ < 5) ADD_FAILURE() << "row " << r << " of no expert was written";
+        continue;
+      }
+      double ref, magnitude;
+      reference_dot(p, e, r, c, &ref, &magnitude);
+      const float got = bf16_decode(got_bits);
+      if (!std::isfinite(got)) {
+        if (bad++ < 5) ADD_FAILURE() << "non-finite out[" << r << ", " << c << "]";
+        continue;
+      }
+      if (exact) {
+        if (got_bits != bf16_round(static_cast<float>(ref)) && mismatched_bits++ < 5)
+          ADD_FAILURE() << "out[" << r << ", " << c << "] = " << got << " != bf16(" << ref << ")";
+        continue;
+      }
+      const double diff = got - ref;
+      const double rounded = bf16_decode(bf16_round(static_cast<float>(ref)));  // rounded like the kernel
+      error_sq += (got - rounded) * (got - rounded);
+      ref_sq += rounded * rounded;
+      // bf16 rounding (2^-8 relative) + the tensor core's reduced-precision FP8 accumulation
+      // within each 128-K block (bounded by 2^-12 of the sum of |terms|).
+      const double bound = std::ldexp(std::fabs(ref), -8) + std::ldexp(magnitude, -12) + 1e-30;
+      if (std::fabs(diff) > bound && bad++ < 5)
+        ADD_FAILURE() << "out[" << r << ", " << c << "] = " << got << " ref " << ref << " bound " << bound;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(mismatched_bits, 0);
+  if (!exact) {
+    const double rel_l2 = std::sqrt(error_sq / ref_sq);
+    EXPECT_LT(rel_l2, 2e-3);
+    std::printf("plain grouped GEMM n=%d k=%d hint=%d rel-L2 %.3g\n", n, k, rows_hint, rel_l2);
+  }
+}
+
+TEST(GroupedGemmFp8, PlainSplitMRandomShapes) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, 1234, 0, false);    // 256 x 128 tiles
+  run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, 1235, 200, false);  // 128 x 128 tiles
+}
+
+TEST(GroupedGemmFp8, PlainSplitNSmallGroups) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_plain({8, 0, 1, 17, 64, 33}, 512, 384, 99, 16, false);
+}
+
+TEST(GroupedGemmFp8, PlainDeepK) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_plain({100, 0, 129}, 256, 7168, 7, 0, false);
+}
+
+TEST(GroupedGemmFp8, PlainBitExactSmallIntegers) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_plain({3, 0, 128, 77}, 256, 1024, 5, 0, true);
+  run_plain({3, 0, 128, 77}, 256, 1024, 6, 8, true);
+  run_plain({3, 0, 128, 77}, 256, 1024, 7, 128, true);
+}
+
+double activate(double gate, double up, const Activation& act) {
+  if (act.kind == Activation::Kind::kSiluMul) return gate / (1.0 + std::exp(-gate)) * up;
+  const double g = std::min<double>(gate, act.limit);
+  const double u = std::clamp<double>(up, -act.limit, act.limit);
+  return g / (1.0 + std::exp(-static_cast<double>(act.alpha) * g)) * (u + 1.0);
+}
+
+double e4m3_ulp(double magnitude) {
+  if (magnitude < std::ldexp(1.0, -6)) return std::ldexp(1.0, -9);
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(magnitude))) - 3);
+}
+
+void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed, const Activation& act,
+               bool use_topk, bool exact_inputs = false, int rows_hint = 0) {
+  Problem p = make_problem(counts, 2 * intermediate, hidden, seed, exact_inputs);
+  if (act.kind == Activation::Kind::kSwigluClamped)  // make the clamp bite: scale activations up
+    for (auto& s : p.a_scales) s *= 6.0f;
+  SCOPED_TRACE(describe(p, seed));
+  std::vector<float> topk(p.capacity);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (auto& t : topk) t = weight(rng);
+  // Pack each expert into the kernel layout through the public transform.
+  const auto size = kernels::packed_weight_bytes(WeightFormat::kFp8Block, 2 * intermediate, hidden);
+  std::vector<uint8_t> packed(size.data_bytes * p.experts);
+  std::vector<float> packed_scales(size.scale_count * p.experts);
+  for (int e = 0; e < p.experts; ++e) {
+    formats::QuantizedMatrix m;
+    m.format = WeightFormat::kFp8Block;
+    m.rows = 2 * intermediate;
+    m.cols = hidden;
+    m.data.assign(p.w.begin() + e * size.data_bytes, p.w.begin() + (e + 1) * size.data_bytes);
+    m.block_scales.assign(p.w_scales.begin() + e * size.scale_count, p.w_scales.begin() + (e + 1) * size.scale_count);
+    kernels::pack_expert_weights(m, kernels::GemmRole::kGateUp, packed.data() + e * size.data_bytes,
+                                 packed_scales.data() + e * size.scale_count);
+  }
+  DeviceBuffer a(p.a), a_scales(p.a_scales), w(packed), w_scales(packed_scales), offsets(p.offsets), topk_d(topk);
+  DeviceBuffer out(p.capacity * intermediate), out_scales(p.capacity * (intermediate / 128) * sizeof(float));
+  poison_device_buffer(out.data, out.bytes);
+  poison_device_buffer(out_scales.data, out_scales.bytes);
+  kernels::GroupedGemm1Fp8Args args;
+  args.a = a.as<uint8_t>();
+  args.a_scales = a_scales.as<float>();
+  args.weights = w.as<uint8_t>();
+  args.weight_scales = w_scales.as<float>();
+  args.expert_offsets = offsets.as<int32_t>();
+  args.topk_weights = use_topk ? topk_d.as<float>() : nullptr;
+  args.out = out.as<uint8_t>();
+  args.out_scales = out_scales.as<float>();
+  args.m_capacity = p.capacity;
+  args.num_experts = p.experts;
+  args.hidden = hidden;
+  args.intermediate = intermediate;
+  args.activation = act;
+  args.rows_per_expert_hint = rows_hint;
+  kernels::grouped_gemm1_fp8(args, nullptr);
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto q = out.download<uint8_t>();
+  const auto scales = out_scales.download<float>();
+
+  const int groups = intermediate / 128;
+  double error_sq = 0, ref_sq = 0;
+  int64_t bad = 0, flips = 0, values = 0;
+  std::vector<double> h(128), h_error(128);
+  const double alpha = act.kind == Activation::Kind::kSiluMul ? 1.0 : act.alpha;
+  for (int64_t r = 0; r < p.capacity; ++r) {
+    const int e = expert_of_row(p, r);
+    for (int g = 0; g < groups; ++g) {
+      const float got_scale = scales[r * groups + g];
+      if (e < 0) {
+        uint32_t bits;
+        std::memcpy(&bits, &got_scale, 4);
+        if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "scale of row " << r << " (no expert) written";
+        for (int i = 0; i < 128; ++i)
+          if (q[r * intermediate + g * 128 + i] != 0xFF && bad++ < 5) ADD_FAILURE() << "row " << r << " written";
+        continue;
+      }
+      double amax = 0;
+      for (int i = 0; i < 128; ++i) {
+        const int c = g * 128 + i;
+        double gate, up, gate_magnitude, up_magnitude;
+        reference_dot(p, e, r, c, &gate, &gate_magnitude);
+        reference_dot(p, e, r, intermediate + c, &up, &up_magnitude);
+        const double weight = use_topk ? topk[r] : 1.0;
+        h[i] = activate(gate, up, act) * weight;
+        // Error of h from the GEMM's accumulation error (2^-12 of the sum of |terms|, as in the plain
+        // test) through the activation: |d act/d gate| <= (1 + alpha|g|/4) * (|u| + 1), |d act/d up| <= |g|.
+        const double gate_error = exact_inputs ? 0.0 : std::ldexp(gate_magnitude, -12);
+        const double up_error = exact_inputs ? 0.0 : std::ldexp(up_magnitude, -12);
+        h_error[i] = weight * ((1.0 + alpha * std::fabs(gate) / 4) * (std::fabs(up) + 1.0) * gate_error +
+                               (std::fabs(gate) + gate_error) * up_error);
+        amax = std::max(amax, std::fabs(h[i]));
+      }
+      const float ref_scale = std::max(static_cast<float>(amax), 1e-10f) / 448.0f;
+      if (!(std::fabs(got_scale - ref_scale) <= 1e-3 * ref_scale) && bad++ < 5)
+        ADD_FAILURE() << "scale[" << r << ", " << g << "] = " << got_scale << " ref " << ref_scale;
+      for (int i = 0; i < 128; ++i) {
+        const uint8_t code = q[r * intermediate + g * 128 + i];
+        const double got = e4m3_decode(code);
+        const double x = h[i] / got_scale;  // the value the kernel should have rounded
+        ++values;
+        if (!std::isfinite(got)) {
+          if (bad++ < 5) ADD_FAILURE() << "NaN code at [" << r << ", " << g * 128 + i << "]";
+          continue;
+        }
+        // Round-to-nearest: within half an E4M3 ulp of h / scale, widened by h's accumulation error.
+        const double bound = 0.5 * e4m3_ulp(std::fabs(x)) * (1 + 1e-6) + h_error[i] / got_scale + 1e-6 * std::fabs(x);
+        if (std::fabs(got - x) > bound && bad++ < 5)
+          ADD_FAILURE() << "q[" << r << ", " << g * 128 + i << "] = " << got << " want ~" << x;
+        const uint8_t ref_code = e4m3_encode(h[i] / ref_scale);
+        if (ref_code != code) ++flips;
+        const double ref_value = e4m3_decode(ref_code) * static_cast<double>(ref_scale);
+        const double diff = got * got_scale - ref_value;
+        error_sq += diff * diff;
+        ref_sq += ref_value * ref_value;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  const double rel_l2 = std::sqrt(error_sq / ref_sq);
+  std::printf("gemm1 %s topk=%d: rel-L2 vs fp64-then-quantized %.3g, code flips %lld / %lld\n",
+              act.kind == Activation::Kind::kSiluMul ? "silu" : "swiglu_clamped", use_topk,
+              rel_l2, static_cast<long long>(flips), static_cast<long long>(values));
+  // A code differs from the fp64 reference's only where h is within its accumulation error of a
+  // rounding midpoint; each flip costs one E4M3 ulp (1/16..1/8 relative), so ~1% flips give a rel-L2
+  // of a few 1e-3 against the quantized reference. With exactly representable inputs the GEMM is
+  // exact and only expf/division ulps remain: flips must be (nearly) absent.
+  if (exact_inputs) {
+    EXPECT_LT(rel_l2, 2e-3);
+    EXPECT_LE(flips, values / 1000);
+  } else {
+    EXPECT_LT(rel_l2, 1e-2);
+  }
+}
+
+TEST(GroupedGemmFp8, Gemm1ExactInputsMatchQuantizedReference) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_gemm1({0, 1, 70, 63, 130}, 512, 256, 31, Activation{}, true, true);
+  run_gemm1({0, 1, 70, 63, 130}, 512, 256, 32, Activation{}, true, true, 8);
+}
+
+TEST(GroupedGemmFp8, Gemm1SiluTopk) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, 21, Activation{}, true);                // 128 x 256 tiles
+  run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, 24, Activation{}, true, false, 16);     //  64 x 256 tiles
+}
+
+TEST(GroupedGemmFp8, Gemm1SwigluClampedNoTopk) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  Activation act;
+  act.kind = Activation::Kind::kSwigluClamped;
+  act.limit = 7.0f;
+  act.alpha = 1.702f;
+  run_gemm1({5, 0, 129, 1}, 384, 384, 22, act, false);
+}
+
+TEST(GroupedGemmFp8, Gemm1DeepHidden) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_gemm1({33, 0, 80}, 7168, 256, 23, Activation{}, true);
+}
+
+TEST(GroupedGemmFp8, RejectsBadShapes) {
+  kernels::GroupedGemm2Fp8Args args;
+  args.m_capacity = 16;
+  args.num_experts = 2;
+  args.hidden = 100;
+  args.intermediate = 256;
+  try {
+    kernels::grouped_gemm2_fp8(args, nullptr);
+    FAIL() << "hidden = 100 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("hidden = 100"), std::string::npos) << error.what();
+  }
+  args.hidden = 256;
+  try {
+    kernels::grouped_gemm2_fp8(args, nullptr);
+    FAIL() << "null a accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("a must be non-null"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace megamoe

@@ -1,0 +1,176 @@
+// EP on 2 GPUs, one process per GPU: every test re-runs itself under launch_ranks (so each ctest entry
+// starts the launcher), and the launched ranks run the body.
+#include <nccl.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "common/ep_harness.h"
+
+namespace megamoe::testing {
+namespace {
+
+constexpr int kRanks = 2;
+
+#define MEGAMOE_RUN_ON_RANKS(n, rank_var)                    \
+  MEGAMOE_REQUIRE_GPUS(n);                                   \
+  LaunchedRank rank_var;                                     \
+  if (::megamoe::testing::spawn_ranks_if_parent(n, &rank_var)) return
+
+struct RankStream {
+  cudaStream_t stream = nullptr;
+  explicit RankStream(int device) {
+    MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
+    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~RankStream() { cudaStreamDestroy(stream); }
+};
+
+TEST(EpMulti, BootstrapWarmupBarrierDestroy) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  RankStream s(group->device());
+  EXPECT_EQ(group->size(), kRanks);
+  group->warmup(s.stream);
+  for (int i = 0; i < 5; ++i) group->barrier(s.stream);
+  group->synchronize(s.stream);
+  group->destroy();
+  group->destroy();
+  EXPECT_THROW(group->allocate(4096), Error);
+}
+
+TEST(EpMulti, FromExistingNcclComm) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  // Play the role of a torch engine: make the communicator ourselves.
+  const std::string path = rank.rendezvous.substr(5) + ".engine";
+  ncclUniqueId id{};
+  if (rank.rank == 0) {
+    MEGAMOE_NCCL_CHECK(ncclGetUniqueId(&id));
+    { std::ofstream(path + ".tmp", std::ios::binary).write(reinterpret_cast<const char*>(&id), sizeof(id)); }
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  } else {
+    for (int i = 0; i < 3000; ++i) {
+      std::ifstream f(path, std::ios::binary);
+      if (f.read(reinterpret_cast<char*>(&id), sizeof(id))) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  MEGAMOE_CUDA_CHECK(cudaSetDevice(rank.rank));
+  ncclComm_t comm = nullptr;
+  MEGAMOE_NCCL_CHECK(ncclCommInitRank(&comm, rank.ranks, id, rank.rank));
+  {
+    auto group = EpGroup::from_nccl(comm, rank.rank);
+    RankStream s(rank.rank);
+    group->warmup(s.stream);
+    DispatchCase tc;
+    tc.tokens_per_rank = {50, 70};
+    EXPECT_GT(run_dispatch_combine_case(*group, tc, s.stream), 0);
+    group->destroy();
+  }
+  // The communicator is still ours and still alive.
+  MEGAMOE_NCCL_CHECK(ncclCommFinalize(comm));
+  MEGAMOE_NCCL_CHECK(ncclCommDestroy(comm));
+}
+
+TEST(EpMulti, DispatchCombineBitExact) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  RankStream s(group->device());
+  group->warmup(s.stream);
+  int64_t rows = 0;
+  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16})
+    for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
+      DispatchCase tc;
+      tc.payload = payload;
+      tc.routing = routing;
+      tc.seed = 21 + static_cast<int>(routing);
+      tc.tokens_per_rank = {131, 160};  // unequal
+      rows += run_dispatch_combine_case(*group, tc, s.stream);
+    }
+  DispatchCase empty_rank;  // rank 1 has no tokens at all
+  empty_rank.tokens_per_rank = {90, 0};
+  rows += run_dispatch_combine_case(*group, empty_rank, s.stream);
+  DispatchCase wide;  // DeepSeek-like width, more tokens than one grid pass
+  wide.hidden = 7168;
+  wide.top_k = 8;
+  wide.num_experts = 32;
+  wide.capacity = 2304;
+  wide.tokens_per_rank = {2304, 2100};
+  rows += run_dispatch_combine_case(*group, wide, s.stream);
+  EXPECT_GT(rows, 0);
+  group->destroy();
+}
+
+TEST(EpMulti, StagedMatchesReferenceAndReplays) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  RankStream s(group->device());
+  for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16})
+    for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
+      LayerCase lc;
+      lc.config.hidden = 256;
+      lc.config.intermediate = 256;
+      lc.config.num_experts = 8;
+      lc.config.top_k = 3;
+      lc.config.weight_format = format;
+      lc.config.max_tokens_per_rank = 96;
+      lc.routing = routing;
+      lc.tokens_per_rank = {61, 83};
+      run_staged_case(*group, lc, s.stream, /*graph_replay=*/routing == Routing::kUniform);
+    }
+  LayerCase empty_rank;
+  empty_rank.config = MoeConfig{256, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
+  empty_rank.tokens_per_rank = {0, 50};
+  run_staged_case(*group, empty_rank, s.stream, true);
+  group->destroy();
+}
+
+TEST(EpMulti, CapacityOverflowOnEveryRankThrows) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  RankStream s(group->device());
+  EpDispatcher io(*group, EpDispatchConfig{256, 2, 4, 16, EpPayload::kFp8});
+  const RankInputs in = make_rank_inputs(9, rank.rank, 17, 256, 4, 2, kRanks, Routing::kUniform);
+  DeviceInputs dev(in, 256, 2);
+  EXPECT_THROW(io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), s.stream), Error);
+  group->barrier(s.stream);  // nothing was launched: the group still works
+  group->synchronize(s.stream);
+  group->destroy();
+}
+
+TEST(EpMulti, StalledPeerTimesOutWithItsName) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  EpOptions options;
+  options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
+  RankStream s(group->device());
+  group->warmup(s.stream);
+  EpDispatcher io(*group, EpDispatchConfig{256, 2, 4, 16, EpPayload::kFp8});
+  if (rank.rank == 0) {
+    const RankInputs in = make_rank_inputs(4, 0, 16, 256, 4, 2, kRanks, Routing::kUniform);
+    DeviceInputs dev(in, 256, 2);
+    const auto start = std::chrono::steady_clock::now();
+    io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), s.stream);
+    try {
+      group->synchronize(s.stream);
+      ADD_FAILURE() << "dispatch with a stalled peer returned without an error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("phase 'dispatch'"), std::string::npos) << what;
+      EXPECT_NE(what.find("peer rank 1"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 5.0) << "the bounded wait (1 s) took " << seconds << " s to report";
+    EXPECT_THROW(io.combine(nullptr, dev.out_view(), s.stream), Error);  // the group is failed now
+  } else {
+    // Rank 1 never launches its dispatch; it only waits long enough for rank 0 to time out.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+  io.destroy();
+  group->destroy();
+}
+
+}  // namespace
+}  // namespace megamoe::testing
