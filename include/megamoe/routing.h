@@ -1,6 +1,7 @@
 // Routers: router logits [T, E] (fp32) -> top-k expert ids (int32, -1 = none) and weights (fp32).
-// The CPU versions here are the reference; GPU versions come with the backends and must match them
-// bit for bit on ids and within 1 ulp on weights.
+// The CPU versions here are the reference; the CUDA versions (routing_cuda.h) follow them operation by
+// operation: ids identical except between candidates whose scores are within a few ulp (device expf /
+// log1pf vs the host libm), weights within a few ulp.
 #pragma once
 
 #include <cstdint>
