@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: build with all cores, run the gpu + multigpu tests, run the benchmarks,
-# print a short table last. Logs and JSON go to $OUT (or out/) when set.
-#   scripts/gpu_check.sh [build-dir]      env: BENCH=0 skips benchmarks, SANITIZE=1 adds memcheck
+# One call on a GPU machine: build with all cores, run the gpu + multigpu tests, a compute-sanitizer
+# memcheck on small tests, and the benchmarks; print a short table last. Logs + JSON go to $OUT
+# (or out/).   scripts/gpu_check.sh [build-dir]
+#   env: BENCH=0 skips benchmarks, SANITIZE=0 skips memcheck, QUICK=1 runs fewer benchmark points
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-megamoe}
@@ -9,24 +10,32 @@ out=${OUT:-out}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source scripts/nccl_env.sh
 summary=()
-step() {  # step NAME command...: runs, logs, records pass/fail and seconds
-  local name=$1; shift; local t0=$(date +%s)
-  if "$@" >"$out/$name.log" 2>&1; then summary+=("$name|ok|$(( $(date +%s) - t0 ))s")
-  else summary+=("$name|FAIL|$(( $(date +%s) - t0 ))s"); tail -40 "$out/$name.log"; fi
+step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seconds
+  local name=$1 limit=$2; shift 2; local t0=$(date +%s)
+  if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then summary+=("$name|ok|$(( $(date +%s) - t0 ))s")
+  else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -30 "$out/$name.log"; fi
 }
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpus.txt"
-step build scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" -DMEGAMOE_BUILD_TESTS=ON
-step test_gpu ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300
-step test_multigpu ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 300
-if [ "${SANITIZE:-0}" = 1 ] && [ -x "$build/tests/megamoe_tests_gpu" ]; then
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
-       --gtest_filter="${SANITIZE_FILTER:-*Small*}"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpus.txt"
+step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT"
+cli="$build/megamoe"
+step test_gpu 240 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
+step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
+if [ "${SANITIZE:-1}" = 1 ]; then
+  step memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
+       --gtest_filter="${SANITIZE_FILTER:-GroupedGemmFp8.PlainSplitNSmallGroups:RouterCuda.*:*Bf16*Small*}"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  step bench_gemm "$build/megamoe" bench gemm --json "$out/bench_gemm.json" ${BENCH_GEMM_ARGS:-}
-  step bench_layer "$build/megamoe" bench layer --json "$out/bench_layer.json" ${BENCH_LAYER_ARGS:---preset dsv3 --format fp8 --backend staged --ranks 2 --tokens 128,8192}
+  rows=1024,4096; [ "${QUICK:-0}" = 1 ] || rows=16,128,1024,4096
+  step bench_gemm 150 "$cli" bench gemm --models dsv3 ms4 qwen3-30b --rows $rows --json "$out/bench_gemm.json"
+  step bench_ep 90 "$cli" bench ep --ranks 2 --tokens 4096 --hidden 7168 --top-k 8 --experts 256 --iters 20 \
+       --json "$out/bench_ep_4096.json"
+  step bench_layer 200 "$cli" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block \
+       --tokens 128,2048,8192 --iters 10 --json "$out/bench_layer_dsv3.json"
 fi
-for log in "$out"/bench_*.log; do [ -f "$log" ] && { echo "== $log"; tail -25 "$log"; }; done
-grep -h -E "tests passed|tests failed|Passed|Failed|Skipped" "$out"/test_*.log 2>/dev/null | tail -20
-printf '\n%-16s %-6s %s\n' step result time
-for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-16s %-6s %s\n' "$a" "$b" "$c"; done
+for name in bench_gemm bench_ep bench_layer; do
+  [ -f "$out/$name.log" ] && { echo "== $name"; tail -n 24 "$out/$name.log"; }
+done
+grep -h -E "tests passed|tests failed" "$out"/test_*.log 2>/dev/null
+grep -h -E "ERROR SUMMARY" "$out"/memcheck.log 2>/dev/null
+printf '\n%-14s %-9s %s\n' step result time
+for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-14s %-9s %s\n' "$a" "$b" "$c"; done
