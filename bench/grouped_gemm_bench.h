@@ -12,6 +12,8 @@ struct GemmBenchOptions {
   int experts = 32;
   int repeats = 20;
   std::string json_path;  // empty: no JSON file
+  int l2_prefetch_blocks = -1;  // kernel tuning knob (-1 = the heuristics default, 0 = off)
+  bool cublas = true;           // false: skip the cuBLAS denominators (A/B runs of one kernel knob)
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.

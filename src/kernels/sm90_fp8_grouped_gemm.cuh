@@ -46,6 +46,7 @@ struct GroupedGemmParams {
   int m_capacity = 0, num_experts = 0, n = 0, k = 0;
   int activation = 0;                    // 0 = silu*up, 1 = clamped SwiGLU
   float limit = 0.f, alpha = 0.f;
+  int l2_prefetch_blocks = 0;            // k-blocks past the TMA load to prefetch into L2 (0 = off)
 };
 
 // kWarpgroupsM: 2 = the math warpgroups split the tile's rows (split-M), 1 = its columns (split-N).
@@ -136,13 +137,32 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     if (threadIdx.x != 0) return;
     int stage = 0;
     uint32_t phase = 0;
-    int expert = 0;
-    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    int expert = 0, next_expert = 0;
+    // Row of A and row of B where `tile` starts; `cursor` only moves forward (tiles ascend).
+    auto tile_origin = [&](int tile, int& cursor, int& a_row, int& b_row) {
       const int m_tile = tile / n_tiles, n_tile = tile % n_tiles;
-      while (tile_prefix[expert + 1] <= m_tile) ++expert;
-      const int m0 = row_begin[expert] + (m_tile - tile_prefix[expert]) * kBlockM;
-      const int b_row = expert * params.n + n_tile * kBlockN;
+      while (tile_prefix[cursor + 1] <= m_tile) ++cursor;
+      a_row = row_begin[cursor] + (m_tile - tile_prefix[cursor]) * kBlockM;
+      b_row = cursor * params.n + n_tile * kBlockN;
+    };
+    const int prefetch = params.l2_prefetch_blocks;
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      int m0, b_row;
+      tile_origin(tile, expert, m0, b_row);
+      const int next_tile = tile + gridDim.x;
+      int next_m0 = 0, next_b_row = 0;
+      if (prefetch > 0 && next_tile < total_tiles) tile_origin(next_tile, next_expert, next_m0, next_b_row);
       for (int kb = 0; kb < k_blocks; ++kb) {
+        if (prefetch > 0) {
+          const int ahead = kb + prefetch;
+          if (ahead < k_blocks) {
+            tma_prefetch_l2_2d(&a_map, ahead * kBlockK, m0);
+            tma_prefetch_l2_2d(&b_map, ahead * kBlockK, b_row);
+          } else if (next_tile < total_tiles && ahead - k_blocks < k_blocks) {
+            tma_prefetch_l2_2d(&a_map, (ahead - k_blocks) * kBlockK, next_m0);
+            tma_prefetch_l2_2d(&b_map, (ahead - k_blocks) * kBlockK, next_b_row);
+          }
+        }
         barrier_wait(&empty[stage], phase ^ 1);
         barrier_arrive_expect_bytes(&full[stage], Layout::kABytes + Layout::kBBytes);
         tma_load_2d(a_tiles + stage * Layout::kABytes, &a_map, kb * kBlockK, m0, &full[stage]);
@@ -191,14 +211,28 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
 
+    // Scales are loaded one k-block ahead (software pipelined): a row's scales share a 32-byte sector
+    // over 8 k-blocks, so every 8th load misses L1 and would otherwise stall the promotion.
+    float next_scale_a[kSubTilesM][2];
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h]) : 0.0f;
+    float next_scale_b = __ldg(b_scales);
     for (int kb = 0; kb < k_blocks; ++kb) {
-      // Scale loads go out before the wait so their latency hides behind the TMA and the wgmma.
       float scale_a[kSubTilesM][2];
 #pragma unroll
       for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h] + kb) : 0.0f;
-      const float scale_b = __ldg(b_scales + kb);
+        for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
+      const float scale_b = next_scale_b;
+      if (kb + 1 < k_blocks) {
+#pragma unroll
+        for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h] + kb + 1) : 0.0f;
+        next_scale_b = __ldg(b_scales + kb + 1);
+      }
       barrier_wait(&full[stage], phase);
       const uint32_t b_base = smem_address(b_tiles + stage * Layout::kBBytes + wg_n * 128 * kBlockK);
 #pragma unroll

@@ -20,6 +20,10 @@ constexpr int kThreadsPerCta = 128 * (1 + kMathWarpgroups);
 constexpr int kProducerRegisters = 40;
 constexpr int kMathRegisters = 232;
 constexpr int kMaxExperts = 1024;
+// The producer also asks L2 for the k-block this many blocks past the one it loads (next tile's
+// first blocks near a tile's end). All CTAs of a wave walk K nearly in lockstep and share their A
+// rows / B columns, so without it every stage's TMA load waits on a fresh DRAM miss; 0 = off.
+constexpr int kDefaultL2PrefetchBlocks = 4;
 
 struct TileConfig {
   int warpgroups_m;  // 2: split-M; 1: split-N
