@@ -243,7 +243,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.num_experts = static_cast<int>(E);
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
-          args.rows_per_expert_hint = rows;
+          args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           args.l2_prefetch_blocks = options.l2_prefetch_blocks;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
         } else {
@@ -258,13 +258,13 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.num_experts = static_cast<int>(E);
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
-          args.rows_per_expert_hint = rows;
+          args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           args.l2_prefetch_blocks = options.l2_prefetch_blocks;
           p.us = timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); });
         }
         const void* dense_w = which == 1 ? w13.data : w2.data;
         const void* dense_x = which == 1 ? x.data : h.data;
-        if (options.cublas) {
+        if (!options.skip_cublas) {
           DenseFp8 dense(lt, m, static_cast<int>(p.n), static_cast<int>(p.k), workspace.data, workspace_bytes);
           p.cublas_fp8_us = timer.median_us([&] { dense.run(dense_w, dense_x, dense_out.data); });
           const float alpha = 1.0f, beta = 0.0f;
