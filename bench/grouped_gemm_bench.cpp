@@ -244,7 +244,6 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
           args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
-          args.l2_prefetch_blocks = options.l2_prefetch_blocks;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
         } else {
           kernels::GroupedGemm2Fp8Args args;
@@ -259,7 +258,6 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
           args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
-          args.l2_prefetch_blocks = options.l2_prefetch_blocks;
           p.us = timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); });
         }
         const void* dense_w = which == 1 ? w13.data : w2.data;

@@ -12,7 +12,6 @@ struct GemmBenchOptions {
   int experts = 32;
   int repeats = 20;
   std::string json_path;  // empty: no JSON file
-  int l2_prefetch_blocks = -1;  // kernel tuning knob (-1 = the heuristics default, 0 = off)
   int rows_hint = 0;            // tile-choice hint passed to the kernels (0 = the actual rows per expert)
   bool skip_cublas = false;     // skip the cuBLAS denominators (A/B runs of one kernel knob)
 };

@@ -84,16 +84,10 @@ void check_common(int64_t m_capacity, int num_experts, int n, int k, const char*
                 static_cast<int64_t>(num_experts) * n, " must be < 2^31");
 }
 
-int resolve_l2_prefetch(int requested) {
-  MEGAMOE_CHECK(requested >= -1 && requested <= 64, "l2_prefetch_blocks = ", requested, " must be in [-1, 64]");
-  return requested < 0 ? sm90::kDefaultL2PrefetchBlocks : requested;
-}
-
 void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
                   const int32_t* offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
-                  int rows_hint, int l2_prefetch_blocks, cudaStream_t stream) {
+                  int rows_hint, cudaStream_t stream) {
   GroupedGemmParams params;
-  params.l2_prefetch_blocks = resolve_l2_prefetch(l2_prefetch_blocks);
   params.a_scales = a_scales;
   params.b_scales = weight_scales;
   params.expert_offsets = offsets;
@@ -122,8 +116,7 @@ void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t strea
   check_aligned(args.expert_offsets, "expert_offsets");
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
-               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, args.l2_prefetch_blocks,
-               stream);
+               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, stream);
 }
 
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
@@ -136,7 +129,7 @@ void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
                args.m_capacity, args.num_experts, args.hidden, args.intermediate, args.rows_per_expert_hint,
-               args.l2_prefetch_blocks, stream);
+               stream);
 }
 
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
@@ -166,7 +159,6 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   params.activation = clamped ? 1 : 0;
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
-  params.l2_prefetch_blocks = resolve_l2_prefetch(args.l2_prefetch_blocks);
   const sm90::TileConfig tile =
       sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n, multiprocessor_count());
   if (tile.sub_tiles_m == 1)

@@ -89,7 +89,6 @@ struct GroupedGemm1Fp8Args {
   int num_experts = 0, hidden = 0, intermediate = 0;
   Activation activation{};
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
-  int l2_prefetch_blocks = -1;         // tuning: k-blocks of L2 prefetch ahead of the TMA load (-1 = default, 0 = off)
 };
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream);
 
@@ -104,7 +103,6 @@ struct GroupedGemm2Fp8Args {
   int64_t m_capacity = 0;
   int num_experts = 0, hidden = 0, intermediate = 0;
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
-  int l2_prefetch_blocks = -1;         // tuning: k-blocks of L2 prefetch ahead of the TMA load (-1 = default, 0 = off)
 };
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream);
 
@@ -121,7 +119,6 @@ struct GroupedGemmFp8Args {
   int64_t m_capacity = 0;
   int num_experts = 0, n = 0, k = 0;
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
-  int l2_prefetch_blocks = -1;         // tuning: k-blocks of L2 prefetch ahead of the TMA load (-1 = default, 0 = off)
 };
 void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t stream);
 

@@ -20,10 +20,6 @@ constexpr int kThreadsPerCta = 128 * (1 + kMathWarpgroups);
 constexpr int kProducerRegisters = 40;
 constexpr int kMathRegisters = 232;
 constexpr int kMaxExperts = 1024;
-// The producer also asks L2 for the k-block this many blocks past the one it loads (next tile's
-// first blocks near a tile's end). All CTAs of a wave walk K nearly in lockstep and share their A
-// rows / B columns, so without it every stage's TMA load waits on a fresh DRAM miss; 0 = off.
-constexpr int kDefaultL2PrefetchBlocks = 4;
 
 struct TileConfig {
   int warpgroups_m;  // 2: split-M; 1: split-N
@@ -35,7 +31,7 @@ struct TileConfig {
 
 // Small groups (<= 64 rows per expert): weight-stream bound, the smallest M tile wastes least.
 constexpr TileConfig kSplitNSmall{1, 1, 4};   //  64 x 256, 40 KiB/stage
-constexpr TileConfig kSplitNLarge{1, 2, 3};   // 128 x 256, 48 KiB/stage (+64 KiB SwiGLU exchange)
+constexpr TileConfig kSplitNLarge{1, 2, 4};   // 128 x 256, 48 KiB/stage (+16 KiB SwiGLU exchange)
 constexpr TileConfig kSplitMSmall{2, 1, 6};   // 128 x 128, 32 KiB/stage
 constexpr TileConfig kSplitMLarge{2, 2, 4};   // 256 x 128, 48 KiB/stage
 

@@ -37,14 +37,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem_destination, const void* 
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_destination,
                                   tensor_map, coordinates, barrier);
 }
-// Warms L2 with the box of `tensor_map` at (inner, outer) without writing shared memory or counting
-// on any barrier (a hint: no completion, no effect on correctness).
-__device__ __forceinline__ void tma_prefetch_l2_2d(const void* tensor_map, int32_t inner, int32_t outer) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(
-                   reinterpret_cast<uint64_t>(tensor_map)),
-               "r"(inner), "r"(outer)
-               : "memory");
-}
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
 }
