@@ -243,7 +243,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.num_experts = static_cast<int>(E);
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
-          args.rows_per_expert_hint = rows;
+          args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
         } else {
           kernels::GroupedGemm2Fp8Args args;
@@ -257,21 +257,23 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.num_experts = static_cast<int>(E);
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
-          args.rows_per_expert_hint = rows;
+          args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           p.us = timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); });
         }
         const void* dense_w = which == 1 ? w13.data : w2.data;
         const void* dense_x = which == 1 ? x.data : h.data;
-        DenseFp8 dense(lt, m, static_cast<int>(p.n), static_cast<int>(p.k), workspace.data, workspace_bytes);
-        p.cublas_fp8_us = timer.median_us([&] { dense.run(dense_w, dense_x, dense_out.data); });
-        const float alpha = 1.0f, beta = 0.0f;
-        p.cublas_bf16_us = timer.median_us([&] {
-          BENCH_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(m),
-                                          static_cast<int>(p.k), &alpha, dense_w_bf16.data, CUDA_R_16BF,
-                                          static_cast<int>(p.k), dense_x_bf16.data, CUDA_R_16BF, static_cast<int>(p.k),
-                                          &beta, dense_out.data, CUDA_R_16BF, static_cast<int>(p.n),
-                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        });
+        if (!options.skip_cublas) {
+          DenseFp8 dense(lt, m, static_cast<int>(p.n), static_cast<int>(p.k), workspace.data, workspace_bytes);
+          p.cublas_fp8_us = timer.median_us([&] { dense.run(dense_w, dense_x, dense_out.data); });
+          const float alpha = 1.0f, beta = 0.0f;
+          p.cublas_bf16_us = timer.median_us([&] {
+            BENCH_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(m),
+                                            static_cast<int>(p.k), &alpha, dense_w_bf16.data, CUDA_R_16BF,
+                                            static_cast<int>(p.k), dense_x_bf16.data, CUDA_R_16BF, static_cast<int>(p.k),
+                                            &beta, dense_out.data, CUDA_R_16BF, static_cast<int>(p.n),
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+          });
+        }
         std::printf("%-10s %5d %5s | %9.1f %8.1f %8.1f | %9.1f %8.1f %6.2f | %8.1f\n", model.c_str(), rows,
                     p.gemm.c_str(), p.us, p.flops() / p.us * 1e-6, p.weight_bytes() / p.us * 1e-3, p.cublas_fp8_us,
                     p.flops() / p.cublas_fp8_us * 1e-6, p.cublas_fp8_us / p.us, p.flops() / p.cublas_bf16_us * 1e-6);

@@ -12,6 +12,8 @@ struct GemmBenchOptions {
   int experts = 32;
   int repeats = 20;
   std::string json_path;  // empty: no JSON file
+  int rows_hint = 0;            // tile-choice hint passed to the kernels (0 = the actual rows per expert)
+  bool skip_cublas = false;     // skip the cuBLAS denominators (A/B runs of one kernel knob)
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.

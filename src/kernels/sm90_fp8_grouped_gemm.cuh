@@ -57,7 +57,10 @@ struct GroupedGemmLayout {
   static constexpr int kBlockN = 128 * (kMathWarpgroups / kWarpgroupsM);
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
-  static constexpr int kExchangeBytes = kEpilogue == Epilogue::kSwigluQuantFp8 ? kRowsPerWarpgroup * 128 * 4 : 0;
+  // SwiGLU: the gate accumulators cross to the up warpgroup kExchangeRegisters registers per thread
+  // at a time (16 KiB), not all at once (64 KiB at 128 x 256), which leaves room for a 4th stage.
+  static constexpr int kExchangeRegisters = 32;
+  static constexpr int kExchangeBytes = kEpilogue == Epilogue::kSwigluQuantFp8 ? kExchangeRegisters * 128 * 4 : 0;
   static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
   static constexpr int kBarrierOffset = kTilesBytes + kExchangeBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
@@ -191,14 +194,28 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
 
+    // Scales are loaded one k-block ahead (software pipelined): a row's scales share a 32-byte sector
+    // over 8 k-blocks, so every 8th load misses L1 and would otherwise stall the promotion.
+    float next_scale_a[kSubTilesM][2];
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h]) : 0.0f;
+    float next_scale_b = __ldg(b_scales);
     for (int kb = 0; kb < k_blocks; ++kb) {
-      // Scale loads go out before the wait so their latency hides behind the TMA and the wgmma.
       float scale_a[kSubTilesM][2];
 #pragma unroll
       for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h] + kb) : 0.0f;
-      const float scale_b = __ldg(b_scales + kb);
+        for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
+      const float scale_b = next_scale_b;
+      if (kb + 1 < k_blocks) {
+#pragma unroll
+        for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h] + kb + 1) : 0.0f;
+        next_scale_b = __ldg(b_scales + kb + 1);
+      }
       barrier_wait(&full[stage], phase);
       const uint32_t b_base = smem_address(b_tiles + stage * Layout::kBBytes + wg_n * 128 * kBlockK);
 #pragma unroll
@@ -249,44 +266,55 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         }
     } else {
       // Gate warpgroup hands its accumulators to the up warpgroup through shared memory, in register
-      // order, so both see identical (row, column) per slot; the up warpgroup finishes the tile.
-      if (math_wg == 0) {
+      // order and kExchangeRegisters at a time, so both see identical (row, column) per slot; the up
+      // warpgroup finishes the tile. The second barrier of a chunk frees the buffer, so the gate
+      // warpgroup moves on to its next tile while the up warpgroup quantizes and stores.
+      constexpr int kChunk = Layout::kExchangeRegisters;
+      static_assert(64 % kChunk == 0, "exchange chunks must tile the 64 accumulator registers");
+      const int out_cols = params.n / 2;
+      auto* out = static_cast<uint8_t*>(params.out);
+      const int col_base = n_tile * 128 + 2 * (lane % 4);
 #pragma unroll
-        for (int s = 0; s < kSubTilesM; ++s)
+      for (int s = 0; s < kSubTilesM; ++s) {
+        float amax[2] = {0.0f, 0.0f};
 #pragma unroll
-          for (int i = 0; i < 64; ++i) exchange[(s * 64 + i) * 128 + thread_in_wg] = accumulator[s][i];
-      }
-      named_barrier_sync(1, 256);
-      if (math_wg == 1) {
-        const int out_cols = params.n / 2;
-        auto* out = static_cast<uint8_t*>(params.out);
-        const int col_base = n_tile * 128 + 2 * (lane % 4);
+        for (int chunk = 0; chunk < 64 / kChunk; ++chunk) {
+          if (math_wg == 0) {
 #pragma unroll
-        for (int s = 0; s < kSubTilesM; ++s) {
-          float weight[2], amax[2] = {0.0f, 0.0f};
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            weight[h] = params.topk_weights && valid[s][h] ? params.topk_weights[rows[s][h]] : 1.0f;
-#pragma unroll
-          for (int i = 0; i < 64; ++i) {
-            const int h = (i % 4) / 2;
-            const float value = activate(exchange[(s * 64 + i) * 128 + thread_in_wg], accumulator[s][i],
-                                         params.activation, params.limit, params.alpha) * weight[h];
-            accumulator[s][i] = value;
-            amax[h] = fmaxf(amax[h], fabsf(value));
+            for (int r = 0; r < kChunk; ++r) exchange[r * 128 + thread_in_wg] = accumulator[s][chunk * kChunk + r];
           }
+          named_barrier_sync(1, 256);
+          if (math_wg == 1) {
+#pragma unroll
+            for (int r = 0; r < kChunk; ++r) {
+              const int i = chunk * kChunk + r;
+              const int h = (i % 4) / 2;
+              const float value =
+                  activate(exchange[r * 128 + thread_in_wg], accumulator[s][i], params.activation, params.limit,
+                           params.alpha);
+              accumulator[s][i] = value;
+              amax[h] = fmaxf(amax[h], fabsf(value));
+            }
+          }
+          named_barrier_sync(1, 256);  // the exchange buffer is free again
+        }
+        if (math_wg == 1) {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
             amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
             if (!valid[s][h]) continue;
+            // The top-k weight multiplies here, not in the chunk loop (fewer live registers there):
+            // fl(v * w) is the same value, and amax |fl(v * w)| = fl(amax |v| * |w|) because rounding
+            // is monotonic.
+            const float weight = params.topk_weights ? params.topk_weights[rows[s][h]] : 1.0f;
             // Same rule as formats::quantize_fp8_activations (IEEE divisions, RNE, saturating).
-            const float scale = __fdiv_rn(fmaxf(amax[h], 1e-10f), 448.0f);
+            const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[h], fabsf(weight)), 1e-10f), 448.0f);
             uint8_t* out_row = out + static_cast<int64_t>(rows[s][h]) * out_cols + col_base;
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
-              const float2 pair = make_float2(__fdiv_rn(accumulator[s][4 * j + 2 * h], scale),
-                                              __fdiv_rn(accumulator[s][4 * j + 2 * h + 1], scale));
+              const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h], weight), scale),
+                                              __fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h + 1], weight), scale));
               *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * j) =
                   __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
             }
@@ -294,7 +322,6 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
           }
         }
       }
-      named_barrier_sync(1, 256);  // the exchange buffer is free for the next tile
     }
   }
 }

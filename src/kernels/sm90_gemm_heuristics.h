@@ -31,7 +31,7 @@ struct TileConfig {
 
 // Small groups (<= 64 rows per expert): weight-stream bound, the smallest M tile wastes least.
 constexpr TileConfig kSplitNSmall{1, 1, 4};   //  64 x 256, 40 KiB/stage
-constexpr TileConfig kSplitNLarge{1, 2, 3};   // 128 x 256, 48 KiB/stage (+64 KiB SwiGLU exchange)
+constexpr TileConfig kSplitNLarge{1, 2, 4};   // 128 x 256, 48 KiB/stage (+16 KiB SwiGLU exchange)
 constexpr TileConfig kSplitMSmall{2, 1, 6};   // 128 x 128, 32 KiB/stage
 constexpr TileConfig kSplitMLarge{2, 2, 4};   // 256 x 128, 48 KiB/stage
 

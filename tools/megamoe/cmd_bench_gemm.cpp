@@ -8,6 +8,9 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block) vs cuBLAS 
                      app.add_option("--rows", options->rows_per_expert, "rows per expert");
                      app.add_option("--experts", options->experts, "experts per rank");
                      app.add_option("--repeats", options->repeats, "timed launches per point (median)");
+                     app.add_option("--rows-hint", options->rows_hint,
+                                    "rows_per_expert_hint for the tile choice (0 = the rows run)");
+                     app.add_flag("--no-cublas", options->skip_cublas, "skip the cuBLAS baselines");
                      app.add_option("--json", options->json_path, "write results as JSON here");
                      return [options] { return megamoe::bench::run_gemm_bench(*options); };
                    });
