@@ -92,6 +92,10 @@ std::string describe(const Bf16Problem& p, uint64_t seed) {
 // accumulations with at most ~2^-22 relative error each, for K <= 7168, with margin).
 double accumulation_error(double magnitude) { return std::ldexp(magnitude, -12); }
 
+// Equal BF16 values: identical bits, or +0 and -0 (an exact zero sum may come out of the tensor core
+// with either sign; the reference's fp64 sum gives +0).
+bool same_bf16_value(uint16_t a, uint16_t b) { return a == b || ((a | b) & 0x7FFF) == 0; }
+
 enum class Entry { kPlain, kGemm2 };
 
 void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact,
@@ -148,7 +152,7 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
       }
       const uint16_t ref_bits = bf16_round(static_cast<float>(ref));  // GEMM output fp32, then BF16 RNE
       if (exact) {
-        if (got_bits != ref_bits && mismatched_bits++ < 5)
+        if (!same_bf16_value(got_bits, ref_bits) && mismatched_bits++ < 5)
           ADD_FAILURE() << "out[" << r << ", " << c << "] = " << got << " != bf16(" << ref << ")";
         continue;
       }
@@ -272,7 +276,7 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
         if (bad++ < 5) ADD_FAILURE() << "non-finite out[" << r << ", " << c << "]";
         continue;
       }
-      if (got_bits != ref_bits) ++flips;
+      if (!same_bf16_value(got_bits, ref_bits)) ++flips;
       // h's error from the GEMM accumulation through the activation (|d act/d gate| <= (1 + alpha|g|/4)
       // (|u| + 1), |d act/d up| <= |g|), zero for exact inputs; plus BF16 rounding and expf ulps.
       const double gate_error = exact ? 0.0 : accumulation_error(gate_magnitude);
