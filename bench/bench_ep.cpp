@@ -193,7 +193,7 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
     result["intermediate"] = o.intermediate;
     result["forward_us"] = t;
     result["TFLOPs"] = flops / (t * 1e6);
-    result["expert_gemm"] = fp8 ? "sm90 wgmma grouped GEMM" : "TEMPORARY simt grouped GEMM";
+    result["expert_gemm"] = fp8 ? "sm90 wgmma grouped GEMM (fp8)" : "sm90 wgmma grouped GEMM (bf16)";
     result["gemm_and_rest_us"] = t - result["dispatch_us"].get<float>() - result["combine_us"].get<float>();
     backend->destroy();
   }

@@ -1,7 +1,9 @@
 // `megamoe bench gemm`: times the FP8-block grouped GEMMs (GEMM 1 with the fused SiLU-mul + requant
 // epilogue, GEMM 2 with BF16 out) over `experts` experts of `rows` rows each, and, in the same run,
 // cuBLASLt dense FP8 (per-tensor scales, fast accumulation on) and cuBLAS BF16 on the same FLOPs
-// (one dense [M_total, K] x [K, N] GEMM) as the ratio's denominator.
+// (one dense [M_total, K] x [K, N] GEMM) as the ratio's denominator. With format "bf16": the BF16 x BF16
+// grouped GEMMs (GEMM 1 with SiLU-mul + top-k weight to BF16), cuBLAS BF16 on the same buffers as the
+// denominator (cuBLASLt FP8 is not run).
 // Every timed launch is preceded by a 256 MiB memset so that L2 (50 MiB) holds none of its inputs;
 // the figure is the median over `repeats` launches, each timed by its own CUDA events.
 #include "bench/grouped_gemm_bench.h"
@@ -170,9 +172,13 @@ struct Point {
   std::string model, gemm;
   int rows = 0, experts = 0;
   int64_t n = 0, k = 0;
+  bool bf16 = false;
   double us = 0, cublas_fp8_us = 0, cublas_bf16_us = 0;
   double flops() const { return 2.0 * rows * experts * n * k; }
-  double weight_bytes() const { return static_cast<double>(experts) * n * k * (1.0 + 4.0 / (128.0 * 128.0)); }
+  double weight_bytes() const {
+    return static_cast<double>(experts) * n * k * (bf16 ? 2.0 : 1.0 + 4.0 / (128.0 * 128.0));
+  }
+  double denominator_us() const { return bf16 ? cublas_bf16_us : cublas_fp8_us; }
 };
 
 }  // namespace
@@ -180,6 +186,9 @@ struct Point {
 int run_gemm_bench(const GemmBenchOptions& options) {
   MEGAMOE_CHECK(options.experts >= 1 && options.experts <= 1024, "--experts = ", options.experts, " must be in [1, 1024]");
   MEGAMOE_CHECK(options.repeats >= 1, "--repeats must be >= 1");
+  MEGAMOE_CHECK(options.format == "fp8" || options.format == "bf16", "--format = '", options.format,
+                "' must be fp8 or bf16");
+  const bool bf16 = options.format == "bf16";
   const int max_rows = *std::max_element(options.rows_per_expert.begin(), options.rows_per_expert.end());
   cublasLtHandle_t lt;
   cublasHandle_t blas;
@@ -191,23 +200,26 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   Timer timer(options.repeats);
   std::vector<Point> points;
   std::printf("%-10s %5s %5s | %9s %8s %8s | %9s %8s %6s | %8s\n", "model", "rows", "gemm", "ours_us", "TFLOP/s",
-              "wGB/s", "cublas_us", "TFLOP/s", "ratio", "bf16TF/s");
+              "wGB/s", bf16 ? "cuBLASbf16" : "cublas_us", "TFLOP/s", "ratio", "bf16TF/s");
   for (const std::string& model : options.models) {
     const auto found = std::find_if(known_shapes().begin(), known_shapes().end(),
                                     [&](const ExpertShape& s) { return s.name == model; });
     MEGAMOE_CHECK(found != known_shapes().end(), "--models: unknown model '", model, "'");
     const int64_t E = options.experts, H = found->hidden, I = found->intermediate;
     const int64_t max_m = static_cast<int64_t>(max_rows) * E;
-    Device w13(E * 2 * I * H), w13_scales(E * (2 * I / 128) * (H / 128) * 4);
-    Device w2(E * H * I), w2_scales(E * (H / 128) * (I / 128) * 4);
-    Device x(max_m * H), x_scales(max_m * (H / 128) * 4), topk(max_m * 4);
-    Device h(max_m * I), h_scales(max_m * (I / 128) * 4), out(max_m * H * 2);
-    const int64_t max_k = H, max_n = std::max(2 * I, H);
-    Device dense_x_bf16(max_m * max_k * 2), dense_w_bf16(max_n * max_k * 2), dense_out(max_m * max_n * 2);
-    fill_random(w13, Fill::kE4M3, 1);
-    fill_random(w2, Fill::kE4M3, 2);
-    fill_random(x, Fill::kE4M3, 3);
-    fill_random(h, Fill::kE4M3, 4);
+    const int64_t element_bytes = bf16 ? 2 : 1;
+    const Fill operand_fill = bf16 ? Fill::kBf16 : Fill::kE4M3;
+    Device w13(E * 2 * I * H * element_bytes), w13_scales(E * (2 * I / 128) * (H / 128) * 4);
+    Device w2(E * H * I * element_bytes), w2_scales(E * (H / 128) * (I / 128) * 4);
+    Device x(max_m * H * element_bytes), x_scales(max_m * (H / 128) * 4), topk(max_m * 4);
+    Device h(max_m * I * element_bytes), h_scales(max_m * (I / 128) * 4), out(max_m * H * 2);
+    // FP8 mode: separate bf16 operands for the cuBLAS BF16 column; bf16 mode: cuBLAS reads w/x directly.
+    const int64_t max_k = bf16 ? 1 : H, max_n = bf16 ? 1 : std::max(2 * I, H);
+    Device dense_x_bf16(max_m * max_k * 2), dense_w_bf16(max_n * max_k * 2), dense_out(max_m * std::max(2 * I, H) * 2);
+    fill_random(w13, operand_fill, 1);
+    fill_random(w2, operand_fill, 2);
+    fill_random(x, operand_fill, 3);
+    fill_random(h, operand_fill, 4);
     fill_random(w13_scales, Fill::kScale, 5);
     fill_random(w2_scales, Fill::kScale, 6);
     fill_random(x_scales, Fill::kScale, 7);
@@ -229,7 +241,33 @@ int run_gemm_bench(const GemmBenchOptions& options) {
         p.experts = static_cast<int>(E);
         p.n = which == 1 ? 2 * I : H;
         p.k = which == 1 ? H : I;
-        if (which == 1) {
+        p.bf16 = bf16;
+        if (bf16 && which == 1) {
+          kernels::GroupedGemm1Bf16Args args;
+          args.a = x.as<uint16_t>();
+          args.weights = w13.as<uint16_t>();
+          args.expert_offsets = offsets.as<int32_t>();
+          args.topk_weights = topk.as<float>();
+          args.out = h.as<uint16_t>();
+          args.m_capacity = m;
+          args.num_experts = static_cast<int>(E);
+          args.hidden = static_cast<int>(H);
+          args.intermediate = static_cast<int>(I);
+          args.rows_per_expert_hint = rows;
+          p.us = timer.median_us([&] { kernels::grouped_gemm1_bf16(args, nullptr); });
+        } else if (bf16) {
+          kernels::GroupedGemm2Bf16Args args;
+          args.a = h.as<uint16_t>();
+          args.weights = w2.as<uint16_t>();
+          args.expert_offsets = offsets.as<int32_t>();
+          args.out = out.as<uint16_t>();
+          args.m_capacity = m;
+          args.num_experts = static_cast<int>(E);
+          args.hidden = static_cast<int>(H);
+          args.intermediate = static_cast<int>(I);
+          args.rows_per_expert_hint = rows;
+          p.us = timer.median_us([&] { kernels::grouped_gemm2_bf16(args, nullptr); });
+        } else if (which == 1) {
           kernels::GroupedGemm1Fp8Args args;
           args.a = x.as<uint8_t>();
           args.a_scales = x_scales.as<float>();
@@ -263,20 +301,24 @@ int run_gemm_bench(const GemmBenchOptions& options) {
         const void* dense_w = which == 1 ? w13.data : w2.data;
         const void* dense_x = which == 1 ? x.data : h.data;
         if (!options.skip_cublas) {
-          DenseFp8 dense(lt, m, static_cast<int>(p.n), static_cast<int>(p.k), workspace.data, workspace_bytes);
-          p.cublas_fp8_us = timer.median_us([&] { dense.run(dense_w, dense_x, dense_out.data); });
+          if (!bf16) {
+            DenseFp8 dense(lt, m, static_cast<int>(p.n), static_cast<int>(p.k), workspace.data, workspace_bytes);
+            p.cublas_fp8_us = timer.median_us([&] { dense.run(dense_w, dense_x, dense_out.data); });
+          }
+          const void* dense_w16 = bf16 ? dense_w : dense_w_bf16.data;  // expert 0's weights in bf16 mode
+          const void* dense_x16 = bf16 ? dense_x : dense_x_bf16.data;
           const float alpha = 1.0f, beta = 0.0f;
           p.cublas_bf16_us = timer.median_us([&] {
             BENCH_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(m),
-                                            static_cast<int>(p.k), &alpha, dense_w_bf16.data, CUDA_R_16BF,
-                                            static_cast<int>(p.k), dense_x_bf16.data, CUDA_R_16BF, static_cast<int>(p.k),
+                                            static_cast<int>(p.k), &alpha, dense_w16, CUDA_R_16BF,
+                                            static_cast<int>(p.k), dense_x16, CUDA_R_16BF, static_cast<int>(p.k),
                                             &beta, dense_out.data, CUDA_R_16BF, static_cast<int>(p.n),
                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
           });
         }
         std::printf("%-10s %5d %5s | %9.1f %8.1f %8.1f | %9.1f %8.1f %6.2f | %8.1f\n", model.c_str(), rows,
-                    p.gemm.c_str(), p.us, p.flops() / p.us * 1e-6, p.weight_bytes() / p.us * 1e-3, p.cublas_fp8_us,
-                    p.flops() / p.cublas_fp8_us * 1e-6, p.cublas_fp8_us / p.us, p.flops() / p.cublas_bf16_us * 1e-6);
+                    p.gemm.c_str(), p.us, p.flops() / p.us * 1e-6, p.weight_bytes() / p.us * 1e-3, p.denominator_us(),
+                    p.flops() / p.denominator_us() * 1e-6, p.denominator_us() / p.us, p.flops() / p.cublas_bf16_us * 1e-6);
         std::fflush(stdout);
         points.push_back(p);
       }
@@ -286,13 +328,23 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   cublasLtDestroy(lt);
   if (!options.json_path.empty()) {
     nlohmann::json records = nlohmann::json::array();
-    for (const Point& p : points)
+    for (const Point& p : points) {
+      if (p.bf16) {
+        records.push_back({{"format", "bf16"}, {"model", p.model}, {"gemm", p.gemm}, {"rows_per_expert", p.rows},
+                           {"experts", p.experts}, {"n", p.n}, {"k", p.k}, {"us", p.us},
+                           {"tflops", p.flops() / p.us * 1e-6}, {"weight_gbps", p.weight_bytes() / p.us * 1e-3},
+                           {"cublas_bf16_us", p.cublas_bf16_us},
+                           {"cublas_bf16_tflops", p.flops() / p.cublas_bf16_us * 1e-6},
+                           {"ratio_vs_cublas_bf16", p.cublas_bf16_us / p.us}});
+        continue;
+      }
       records.push_back({{"model", p.model}, {"gemm", p.gemm}, {"rows_per_expert", p.rows}, {"experts", p.experts},
                          {"n", p.n}, {"k", p.k}, {"us", p.us}, {"tflops", p.flops() / p.us * 1e-6},
                          {"weight_gbps", p.weight_bytes() / p.us * 1e-3}, {"cublas_fp8_us", p.cublas_fp8_us},
                          {"cublas_fp8_tflops", p.flops() / p.cublas_fp8_us * 1e-6},
                          {"ratio_vs_cublas_fp8", p.cublas_fp8_us / p.us}, {"cublas_bf16_us", p.cublas_bf16_us},
                          {"cublas_bf16_tflops", p.flops() / p.cublas_bf16_us * 1e-6}});
+    }
     std::ofstream(options.json_path) << records.dump(2) << "\n";
   }
   return 0;

@@ -1,4 +1,5 @@
-// `megamoe bench gemm`: grouped FP8-block expert GEMMs vs cuBLASLt dense FP8 / cuBLAS BF16 on the same FLOPs.
+// `megamoe bench gemm`: grouped FP8-block (or, with format "bf16", BF16) expert GEMMs vs cuBLASLt dense
+// FP8 / cuBLAS BF16 on the same FLOPs.
 #pragma once
 
 #include <string>
@@ -11,6 +12,7 @@ struct GemmBenchOptions {
   std::vector<int> rows_per_expert{8, 32, 128, 512, 1024, 2048, 4096};
   int experts = 32;
   int repeats = 20;
+  std::string format = "fp8";  // "fp8": FP8-block kernels vs cuBLASLt FP8; "bf16": BF16 kernels vs cuBLAS BF16
   std::string json_path;  // empty: no JSON file
   int rows_hint = 0;            // tile-choice hint passed to the kernels (0 = the actual rows per expert)
   bool skip_cublas = false;     // skip the cuBLAS denominators (A/B runs of one kernel knob)

@@ -3,6 +3,7 @@
 #include <cudaTypedefs.h>
 
 #include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
 
@@ -166,5 +167,18 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   else
     launch<sm90::kSplitNLarge, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
 }
+
+namespace detail {  // shared with grouped_gemm_bf16.cu (grouped_gemm_internal.h)
+CUtensorMap make_grouped_gemm_tensor_map(const void* base, uint64_t inner_bytes, uint64_t outer, uint32_t box_outer) {
+  return make_tensor_map(base, inner_bytes, outer, box_outer);
+}
+int grouped_gemm_sm_count() { return multiprocessor_count(); }
+void check_grouped_gemm_pointer(const void* pointer, const char* field) { check_aligned(pointer, field); }
+void check_grouped_gemm_shape(int64_t m_capacity, int num_experts, int n, int k, const char* n_name,
+                              const char* k_name) {
+  check_common(m_capacity, num_experts, n, k, n_name, k_name);
+}
+}  // namespace detail
+
 
 }  // namespace megamoe::kernels

@@ -71,7 +71,8 @@ PackedWeightSize packed_weight_bytes(WeightFormat format, int64_t rows, int64_t 
 // Host-side layout transform, once per expert at load time. `canonical` is the canonical matrix of
 // one expert (formats.h); writes packed_weight_bytes(...).data_bytes bytes to `data_out` and
 // .scale_count floats to `scales_out` (host memory; the caller copies them into the device slab at
-// expert e's offset). Supported now: kFp8Block. Throws megamoe::Error naming the field otherwise.
+// expert e's offset). Supported now: kFp8Block, kBf16 (no scales: scale_count 0, scales_out may be
+// null). Throws megamoe::Error naming the field otherwise.
 void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole role, uint8_t* data_out,
                          float* scales_out);
 
@@ -122,7 +123,51 @@ struct GroupedGemmFp8Args {
 };
 void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t stream);
 
-// NOT IMPLEMENTED YET (issue 3, step 5): BF16 x BF16 and W4A8 (NVFP4/MXFP4) grouped GEMMs. The
-// signatures will mirror the FP8 ones with `a` as BF16 [m_capacity, K] and no a_scales.
+// ---- BF16 x BF16 (src/kernels/sm90_bf16_grouped_gemm.cuh, API in grouped_gemm_bf16.cu) ----------
+// Activations bf16 [m_capacity, K] row-major; weights bf16 [E, N, K] K-major in the same packed layout
+// as FP8 (pack_expert_weights with kBf16: W13 gate/up interleaved by 128 rows, W2 canonical), no scales.
+// FP32 tensor-core accumulation, no promotion step. Epilogues (docs/reference.md steps 4-6):
+//   GEMM 1: out[r, j] = bf16_rn(act(g, u) [* topk_weights[r]]), act in fp32 exactly as the reference
+//           orders it: silu (g / (1 + expf(-g))) * u; clamped (gc * (1 / (1 + expf(-(alpha gc))))) * (uc + 1).
+//   GEMM 2 / plain: out[r, n] = bf16_rn(acc).
+// Same requirements as the FP8 API (H, I, n, k multiples of 128, 16-byte aligned pointers).
+struct GroupedGemm1Bf16Args {
+  const uint16_t* a = nullptr;          // [m_capacity, hidden] BF16
+  const uint16_t* weights = nullptr;    // packed [E, 2*intermediate, hidden] BF16
+  const int32_t* expert_offsets = nullptr;  // device [E+1]
+  const float* topk_weights = nullptr;  // optional, [m_capacity], one weight per row
+  uint16_t* out = nullptr;              // [m_capacity, intermediate] BF16
+  int64_t m_capacity = 0;
+  int num_experts = 0, hidden = 0, intermediate = 0;
+  Activation activation{};
+  int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+};
+void grouped_gemm1_bf16(const GroupedGemm1Bf16Args& args, cudaStream_t stream);
+
+// GEMM 2 (down projection), BF16 out.
+struct GroupedGemm2Bf16Args {
+  const uint16_t* a = nullptr;          // [m_capacity, intermediate] BF16
+  const uint16_t* weights = nullptr;    // [E, hidden, intermediate] BF16
+  const int32_t* expert_offsets = nullptr;  // device [E+1]
+  uint16_t* out = nullptr;              // [m_capacity, hidden] BF16
+  int64_t m_capacity = 0;
+  int num_experts = 0, hidden = 0, intermediate = 0;
+  int rows_per_expert_hint = 0;
+};
+void grouped_gemm2_bf16(const GroupedGemm2Bf16Args& args, cudaStream_t stream);
+
+// Plain BF16 grouped GEMM, any (n, k) multiples of 128 (GEMM 2 is this with n = hidden, k = intermediate).
+struct GroupedGemmBf16Args {
+  const uint16_t* a = nullptr;          // [m_capacity, k]
+  const uint16_t* weights = nullptr;    // [E, n, k]
+  const int32_t* expert_offsets = nullptr;
+  uint16_t* out = nullptr;              // [m_capacity, n] BF16
+  int64_t m_capacity = 0;
+  int num_experts = 0, n = 0, k = 0;
+  int rows_per_expert_hint = 0;
+};
+void grouped_gemm_bf16(const GroupedGemmBf16Args& args, cudaStream_t stream);
+
+// NOT IMPLEMENTED YET (issue 3, step 5): W4A8 (NVFP4/MXFP4) grouped GEMMs.
 
 }  // namespace megamoe::kernels

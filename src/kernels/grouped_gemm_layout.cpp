@@ -7,26 +7,29 @@
 namespace megamoe::kernels {
 
 PackedWeightSize packed_weight_bytes(WeightFormat format, int64_t rows, int64_t cols) {
-  MEGAMOE_CHECK(format == WeightFormat::kFp8Block, "grouped GEMM weight format ", weight_format_name(format),
-                " is not supported yet (supported: fp8_block)");
+  MEGAMOE_CHECK(format == WeightFormat::kFp8Block || format == WeightFormat::kBf16, "grouped GEMM weight format ",
+                weight_format_name(format), " is not supported yet (supported: fp8_block, bf16)");
   MEGAMOE_CHECK(rows > 0 && rows % 128 == 0, "weight rows = ", rows, " must be a positive multiple of 128");
   MEGAMOE_CHECK(cols > 0 && cols % 128 == 0, "weight cols = ", cols, " must be a positive multiple of 128");
+  if (format == WeightFormat::kBf16) return {static_cast<size_t>(rows * cols * 2), 0};
   return {static_cast<size_t>(rows * cols), static_cast<size_t>((rows / 128) * (cols / 128))};
 }
 
 void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole role, uint8_t* data_out,
                          float* scales_out) {
   const PackedWeightSize size = packed_weight_bytes(canonical.format, canonical.rows, canonical.cols);
-  MEGAMOE_CHECK(data_out != nullptr && scales_out != nullptr, "pack_expert_weights: output pointers must be non-null");
+  MEGAMOE_CHECK(data_out != nullptr && (scales_out != nullptr || size.scale_count == 0),
+                "pack_expert_weights: output pointers must be non-null");
   MEGAMOE_CHECK(canonical.data.size() == size.data_bytes, "canonical.data has ", canonical.data.size(),
-                " bytes, expected rows*cols = ", size.data_bytes);
+                " bytes, expected ", size.data_bytes, " (rows*cols*bytes per element)");
   MEGAMOE_CHECK(canonical.block_scales.size() == size.scale_count, "canonical.block_scales has ",
-                canonical.block_scales.size(), " entries, expected (rows/128)*(cols/128) = ", size.scale_count);
-  const int64_t cols = canonical.cols;
-  const int64_t k_blocks = cols / 128;
+                canonical.block_scales.size(), " entries, expected ", size.scale_count,
+                size.scale_count ? " ((rows/128)*(cols/128))" : " (bf16 has no scales)");
+  const int64_t row_bytes = static_cast<int64_t>(size.data_bytes) / canonical.rows;
+  const int64_t k_blocks = canonical.cols / 128;
   if (role == GemmRole::kDown) {
     std::memcpy(data_out, canonical.data.data(), size.data_bytes);
-    std::memcpy(scales_out, canonical.block_scales.data(), size.scale_count * sizeof(float));
+    if (size.scale_count) std::memcpy(scales_out, canonical.block_scales.data(), size.scale_count * sizeof(float));
     return;
   }
   // kGateUp: canonical rows [0, I) are gate, [I, 2I) up; packed 256-row tile j = gate block j, up block j.
@@ -37,9 +40,11 @@ void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole rol
     for (int half = 0; half < 2; ++half) {
       const int64_t src_block = half * blocks + j;  // gate block j or up block j
       const int64_t dst_block = 2 * j + half;
-      std::memcpy(data_out + dst_block * 128 * cols, canonical.data.data() + src_block * 128 * cols, 128 * cols);
-      std::memcpy(scales_out + dst_block * k_blocks, canonical.block_scales.data() + src_block * k_blocks,
-                  k_blocks * sizeof(float));
+      std::memcpy(data_out + dst_block * 128 * row_bytes, canonical.data.data() + src_block * 128 * row_bytes,
+                  128 * row_bytes);
+      if (size.scale_count)
+        std::memcpy(scales_out + dst_block * k_blocks, canonical.block_scales.data() + src_block * k_blocks,
+                    k_blocks * sizeof(float));
     }
   }
 }

@@ -1,7 +1,7 @@
-// `staged` backend. FP8-block experts run on the sm90 wgmma grouped GEMMs (kernels/grouped_gemm.h:
-// GEMM 1 with the SwiGLU + top-k weight + requant epilogue, GEMM 2 with BF16 out). BF16 experts run on
-// the TEMPORARY CUDA-core grouped GEMM (kernels/sm90_simt_grouped_gemm_temporary.cuh) + the separate
-// SwiGLU kernel until a BF16 grouped GEMM exists.
+// `staged` backend. Experts run on the sm90 wgmma grouped GEMMs (kernels/grouped_gemm.h): FP8-block
+// (GEMM 1 with the SwiGLU + top-k weight + FP8 requant epilogue, GEMM 2 with BF16 out) and BF16 x BF16
+// (GEMM 1 with the SwiGLU + top-k weight epilogue to BF16, GEMM 2 with BF16 out).
+#include <cuda_bf16.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,8 +11,6 @@
 
 #include "backends/registry.h"
 #include "kernels/grouped_gemm.h"
-#include "kernels/sm90_simt_grouped_gemm_temporary.cuh"
-#include "kernels/sm90_swiglu_quant.cuh"
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
@@ -29,8 +27,8 @@ std::string staged_reject_reason(const MoeConfig& c, int ranks) {
     return text("weight_format ", weight_format_name(c.weight_format),
                 " needs the grouped GEMM kernels (staged runs bf16 and fp8_block today)");
   if (c.hidden <= 0 || c.hidden % 128 != 0) return text("hidden = ", c.hidden, " must be a positive multiple of 128");
-  if (c.intermediate <= 0 || (c.weight_format == WeightFormat::kFp8Block && c.intermediate % 128 != 0))
-    return text("intermediate = ", c.intermediate, " must be a positive multiple of 128 for fp8_block");
+  if (c.intermediate <= 0 || c.intermediate % 128 != 0)
+    return text("intermediate = ", c.intermediate, " must be a positive multiple of 128");
   if (c.num_experts <= 0 || c.num_experts % ranks != 0)
     return text("num_experts = ", c.num_experts, " must be a positive multiple of ranks = ", ranks);
   if (c.top_k < 1 || c.top_k > std::min(32, c.num_experts))
@@ -74,8 +72,6 @@ class StagedBackend final : public MoeBackend {
       w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
       w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((H + 127) / 128) * ((I + 127) / 128)));
       act_scales_ = static_cast<float*>(alloc(sizeof(float) * rows * (I / 128)));
-    } else {
-      h1_ = static_cast<float*>(alloc(sizeof(float) * rows * 2 * I));  // temporary path only
     }
     act_ = alloc(rows * I * wbytes);
     y_ = static_cast<__nv_bfloat16*>(alloc(2 * rows * H));
@@ -165,54 +161,30 @@ class StagedBackend final : public MoeBackend {
       g2.intermediate = I;
       kernels::grouped_gemm2_fp8(g2, s);
     } else {
-      run_temporary_bf16_experts(rx, s);
+      kernels::GroupedGemm1Bf16Args g1;
+      g1.a = static_cast<const uint16_t*>(rx.x);
+      g1.weights = static_cast<const uint16_t*>(w13_);
+      g1.expert_offsets = rx.expert_offsets;
+      g1.topk_weights = config_.apply_topk_in_fc1 ? rx.row_weights : nullptr;
+      g1.out = static_cast<uint16_t*>(act_);
+      g1.m_capacity = rx.max_rows;
+      g1.num_experts = local_experts_;
+      g1.hidden = H;
+      g1.intermediate = I;
+      g1.activation = config_.activation;
+      kernels::grouped_gemm1_bf16(g1, s);
+      kernels::GroupedGemm2Bf16Args g2;
+      g2.a = static_cast<const uint16_t*>(act_);
+      g2.weights = static_cast<const uint16_t*>(w2_);
+      g2.expert_offsets = rx.expert_offsets;
+      g2.out = reinterpret_cast<uint16_t*>(y_);
+      g2.m_capacity = rx.max_rows;
+      g2.num_experts = local_experts_;
+      g2.hidden = H;
+      g2.intermediate = I;
+      kernels::grouped_gemm2_bf16(g2, s);
     }
     io_->combine(y_, out.out, stream, /*apply_weights=*/!config_.apply_topk_in_fc1);
-  }
-
-  // TEMPORARY (until a BF16 grouped GEMM exists): CUDA-core GEMMs + separate SwiGLU kernel.
-  void run_temporary_bf16_experts(const ReceivedTokens& rx, cudaStream_t s) {
-    const int H = config_.hidden, I = config_.intermediate;
-    kernels::temporary::SimtGemmArgs g1{};
-    g1.a = rx.x;
-    g1.a_scales = rx.x_scales;
-    g1.b = w13_;
-    g1.b_scales = w13_scales_;
-    g1.offsets = rx.expert_offsets;
-    g1.num_experts = local_experts_;
-    g1.n = 2 * I;
-    g1.k = H;
-    g1.a_fp8 = g1.b_fp8 = fp8_;
-    g1.out_f32 = h1_;
-    kernels::temporary::launch_simt_grouped_gemm(g1, rx.max_rows, s);
-
-    kernels::SwigluQuantArgs sq{};
-    sq.h = h1_;
-    sq.offsets = rx.expert_offsets;
-    sq.num_experts = local_experts_;
-    sq.intermediate = I;
-    sq.activation = config_.activation.kind == Activation::Kind::kSiluMul ? 0 : 1;
-    sq.limit = config_.activation.limit;
-    sq.alpha = config_.activation.alpha;
-    sq.sources = config_.apply_topk_in_fc1 ? rx.sources : nullptr;
-    sq.fp8 = fp8_;
-    sq.out_fp8 = static_cast<uint8_t*>(act_);
-    sq.out_scales = act_scales_;
-    sq.out_bf16 = static_cast<__nv_bfloat16*>(act_);
-    kernels::launch_swiglu_quant(sq, s);
-
-    kernels::temporary::SimtGemmArgs g2{};
-    g2.a = act_;
-    g2.a_scales = act_scales_;
-    g2.b = w2_;
-    g2.b_scales = w2_scales_;
-    g2.offsets = rx.expert_offsets;
-    g2.num_experts = local_experts_;
-    g2.n = H;
-    g2.k = I;
-    g2.a_fp8 = g2.b_fp8 = fp8_;
-    g2.out_bf16 = y_;
-    kernels::temporary::launch_simt_grouped_gemm(g2, rx.max_rows, s);
   }
 
   void destroy() override {
@@ -244,19 +216,16 @@ class StagedBackend final : public MoeBackend {
                   ", ", m.cols, "]");
     const size_t bytes = static_cast<size_t>(rows) * cols * (fp8_ ? 1 : 2);
     MEGAMOE_CHECK(m.data.size() == bytes, field, ".data has ", m.data.size(), " bytes, expected ", bytes);
-    if (!fp8_) {
-      MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + bytes * expert, m.data.data(), bytes, cudaMemcpyHostToDevice));
-      return;
-    }
-    // FP8: the grouped GEMM's packed layout (W13 gate/up interleaved by 128 rows), made once here.
+    // The grouped GEMM's packed layout (W13 gate/up interleaved by 128 rows), made once here.
     const kernels::PackedWeightSize packed = kernels::packed_weight_bytes(m.format, rows, cols);
     std::vector<uint8_t> packed_data(packed.data_bytes);
     std::vector<float> packed_scales(packed.scale_count);
-    kernels::pack_expert_weights(m, role, packed_data.data(), packed_scales.data());
+    kernels::pack_expert_weights(m, role, packed_data.data(), packed.scale_count ? packed_scales.data() : nullptr);
     MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + packed.data_bytes * expert, packed_data.data(),
                                   packed.data_bytes, cudaMemcpyHostToDevice));
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(scales + packed.scale_count * expert, packed_scales.data(),
-                                  packed.scale_count * sizeof(float), cudaMemcpyHostToDevice));
+    if (packed.scale_count)  // bf16 has none
+      MEGAMOE_CUDA_CHECK(cudaMemcpy(scales + packed.scale_count * expert, packed_scales.data(),
+                                    packed.scale_count * sizeof(float), cudaMemcpyHostToDevice));
   }
 
   MoeConfig config_;
@@ -268,7 +237,7 @@ class StagedBackend final : public MoeBackend {
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;
   void *w13_ = nullptr, *w2_ = nullptr, *act_ = nullptr;
-  float *w13_scales_ = nullptr, *w2_scales_ = nullptr, *act_scales_ = nullptr, *h1_ = nullptr;
+  float *w13_scales_ = nullptr, *w2_scales_ = nullptr, *act_scales_ = nullptr;
   __nv_bfloat16* y_ = nullptr;
 };
 

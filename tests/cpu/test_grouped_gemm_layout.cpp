@@ -84,6 +84,34 @@ TEST(GroupedGemmLayout, RejectsBadMatrices) {
   expect_error(ragged, kernels::GemmRole::kDown, "weight cols = 200");
 }
 
+TEST(GroupedGemmLayout, Bf16GateUpInterleavesRowsAndHasNoScales) {
+  const int64_t intermediate = 256, hidden = 128;
+  formats::QuantizedMatrix m;
+  m.format = WeightFormat::kBf16;
+  m.rows = 2 * intermediate;
+  m.cols = hidden;
+  std::mt19937_64 rng(12);
+  m.data.resize(m.rows * m.cols * 2);
+  for (auto& b : m.data) b = static_cast<uint8_t>(rng());
+  const auto size = kernels::packed_weight_bytes(WeightFormat::kBf16, m.rows, m.cols);
+  ASSERT_EQ(size.data_bytes, m.data.size());
+  ASSERT_EQ(size.scale_count, 0u);
+  std::vector<uint8_t> data(size.data_bytes);
+  kernels::pack_expert_weights(m, kernels::GemmRole::kGateUp, data.data(), nullptr);
+  const int64_t row_bytes = 2 * hidden;
+  for (int64_t packed_row = 0; packed_row < m.rows; ++packed_row) {
+    const int64_t j = packed_row / 256, i = packed_row % 256;
+    const int64_t canonical_row = i < 128 ? 128 * j + i : intermediate + 128 * j + (i - 128);
+    for (int64_t b = 0; b < row_bytes; ++b)
+      ASSERT_EQ(data[packed_row * row_bytes + b], m.data[canonical_row * row_bytes + b]) << "packed row " << packed_row;
+  }
+  std::vector<uint8_t> down(size.data_bytes);
+  kernels::pack_expert_weights(m, kernels::GemmRole::kDown, down.data(), nullptr);
+  EXPECT_EQ(down, m.data);
+  m.block_scales.push_back(1.0f);
+  expect_error(m, kernels::GemmRole::kDown, "bf16 has no scales");
+}
+
 // The GPU tests judge the kernels with their own E4M3/BF16 codec; it must agree with formats.h.
 TEST(GroupedGemmTestCodec, AgreesWithFormats) {
   for (int code = 0; code < 256; ++code) {

@@ -1,0 +1,99 @@
+// Typed validating API of the BF16 x BF16 grouped GEMMs (grouped_gemm.h): checks, TMA descriptors,
+// tile choice (sm90_gemm_heuristics.h, the FP8 tile shapes: a BF16 stage is the same bytes), launch.
+#include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_internal.h"
+#include "kernels/sm90_bf16_grouped_gemm.cuh"
+#include "megamoe/error_cuda.h"
+
+namespace megamoe::kernels {
+namespace {
+
+using sm90::Bf16Epilogue;
+using sm90::Bf16GroupedGemmParams;
+
+template <sm90::TileConfig kTile, Bf16Epilogue kEpilogue>
+void launch(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmParams& params, cudaStream_t stream) {
+  using Layout = sm90::Bf16GroupedGemmLayout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
+  // BF16 rows addressed as bytes: [rows, 2K] (see the kernel's header comment).
+  const uint64_t row_bytes = 2 * static_cast<uint64_t>(params.k);
+  const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, row_bytes, params.m_capacity, Layout::kBlockM);
+  const CUtensorMap b_map = detail::make_grouped_gemm_tensor_map(
+      weights, row_bytes, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
+  const int shared_bytes = Layout::shared_bytes(params.num_experts);
+  auto* kernel =
+      &sm90::sm90_bf16_grouped_gemm_kernel<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
+  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<detail::grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+  MEGAMOE_LAUNCH_CHECK();
+}
+
+void launch_plain(const uint16_t* a, const uint16_t* weights, const int32_t* offsets, uint16_t* out,
+                  int64_t m_capacity, int num_experts, int n, int k, int rows_hint, cudaStream_t stream) {
+  detail::check_grouped_gemm_pointer(a, "a");
+  detail::check_grouped_gemm_pointer(weights, "weights");
+  detail::check_grouped_gemm_pointer(offsets, "expert_offsets");
+  detail::check_grouped_gemm_pointer(out, "out");
+  Bf16GroupedGemmParams params;
+  params.expert_offsets = offsets;
+  params.out = reinterpret_cast<__nv_bfloat16*>(out);
+  params.m_capacity = static_cast<int>(m_capacity);
+  params.num_experts = num_experts;
+  params.n = n;
+  params.k = k;
+  const sm90::TileConfig tile = sm90::choose_plain_tile(rows_hint);
+  if (tile.warpgroups_m == 1 && n % 256 == 0)
+    launch<sm90::kSplitNSmall, Bf16Epilogue::kStoreBf16>(a, weights, params, stream);
+  else if (tile.sub_tiles_m == 1)
+    launch<sm90::kSplitMSmall, Bf16Epilogue::kStoreBf16>(a, weights, params, stream);
+  else
+    launch<sm90::kSplitMLarge, Bf16Epilogue::kStoreBf16>(a, weights, params, stream);
+}
+
+}  // namespace
+
+void grouped_gemm_bf16(const GroupedGemmBf16Args& args, cudaStream_t stream) {
+  detail::check_grouped_gemm_shape(args.m_capacity, args.num_experts, args.n, args.k, "n", "k");
+  launch_plain(args.a, args.weights, args.expert_offsets, args.out, args.m_capacity, args.num_experts, args.n,
+               args.k, args.rows_per_expert_hint, stream);
+}
+
+void grouped_gemm2_bf16(const GroupedGemm2Bf16Args& args, cudaStream_t stream) {
+  detail::check_grouped_gemm_shape(args.m_capacity, args.num_experts, args.hidden, args.intermediate, "hidden",
+                                   "intermediate");
+  launch_plain(args.a, args.weights, args.expert_offsets, args.out, args.m_capacity, args.num_experts, args.hidden,
+               args.intermediate, args.rows_per_expert_hint, stream);
+}
+
+void grouped_gemm1_bf16(const GroupedGemm1Bf16Args& args, cudaStream_t stream) {
+  detail::check_grouped_gemm_shape(args.m_capacity, args.num_experts, 2 * args.intermediate, args.hidden,
+                                   "2*intermediate", "hidden");
+  MEGAMOE_CHECK(args.intermediate % 128 == 0, "intermediate = ", args.intermediate, " must be a multiple of 128");
+  detail::check_grouped_gemm_pointer(args.a, "a");
+  detail::check_grouped_gemm_pointer(args.weights, "weights");
+  detail::check_grouped_gemm_pointer(args.expert_offsets, "expert_offsets");
+  detail::check_grouped_gemm_pointer(args.out, "out");
+  const bool clamped = args.activation.kind == Activation::Kind::kSwigluClamped;
+  if (clamped) {
+    MEGAMOE_CHECK(args.activation.limit > 0.0f, "activation.limit = ", args.activation.limit, " must be > 0");
+    MEGAMOE_CHECK(args.activation.alpha > 0.0f, "activation.alpha = ", args.activation.alpha, " must be > 0");
+  }
+  Bf16GroupedGemmParams params;
+  params.expert_offsets = args.expert_offsets;
+  params.topk_weights = args.topk_weights;
+  params.out = reinterpret_cast<__nv_bfloat16*>(args.out);
+  params.m_capacity = static_cast<int>(args.m_capacity);
+  params.num_experts = args.num_experts;
+  params.n = 2 * args.intermediate;
+  params.k = args.hidden;
+  params.activation = clamped ? 1 : 0;
+  params.limit = args.activation.limit;
+  params.alpha = args.activation.alpha;
+  const sm90::TileConfig tile = sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n,
+                                                          detail::grouped_gemm_sm_count());
+  if (tile.sub_tiles_m == 1)
+    launch<sm90::kSplitNSmall, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
+  else
+    launch<sm90::kSplitNLarge, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
+}
+
+}  // namespace megamoe::kernels

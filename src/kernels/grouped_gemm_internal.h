@@ -1,0 +1,21 @@
+// Host helpers shared by the grouped-GEMM API translation units (grouped_gemm.cu: FP8,
+// grouped_gemm_bf16.cu: BF16). Internal: include only from src/kernels/*.cu.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace megamoe::kernels::detail {
+
+// 2D byte tensor map [outer, inner_bytes] read in boxes of [box_outer, 128 bytes] with the 128-byte
+// swizzle of the wgmma descriptors; out-of-range rows read as zeros.
+CUtensorMap make_grouped_gemm_tensor_map(const void* base, uint64_t inner_bytes, uint64_t outer, uint32_t box_outer);
+int grouped_gemm_sm_count();
+// Throws megamoe::Error naming `field` unless non-null and 16-byte aligned.
+void check_grouped_gemm_pointer(const void* pointer, const char* field);
+// m_capacity in [1, 2^31), num_experts in [1, kMaxExperts], n and k positive multiples of 128.
+void check_grouped_gemm_shape(int64_t m_capacity, int num_experts, int n, int k, const char* n_name,
+                              const char* k_name);
+
+}  // namespace megamoe::kernels::detail
