@@ -11,6 +11,10 @@ namespace {
 using sm90::Bf16Epilogue;
 using sm90::Bf16GroupedGemmParams;
 
+// NOTES: the FP8 128x256 GEMM 1 config runs 4 stages because its gate/up exchange is 16 KiB; the BF16
+// epilogue exchanges a whole 128x128 fp32 gate tile (64 KiB), so 3 stages (144 KiB) are what fit.
+constexpr sm90::TileConfig kBf16SplitNLarge{sm90::kSplitNLarge.warpgroups_m, sm90::kSplitNLarge.sub_tiles_m, 3};
+
 template <sm90::TileConfig kTile, Bf16Epilogue kEpilogue>
 void launch(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmParams& params, cudaStream_t stream) {
   using Layout = sm90::Bf16GroupedGemmLayout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
@@ -19,6 +23,9 @@ void launch(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmPar
   const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, row_bytes, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map = detail::make_grouped_gemm_tensor_map(
       weights, row_bytes, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
+  // NOTES: 227 KiB of dynamic shared memory per CTA on sm_90; the tile table of up to 1024 experts
+  // must fit beside the stages (checked again at run time by cudaFuncSetAttribute).
+  static_assert(Layout::shared_bytes(1024) <= 227 * 1024, "BF16 grouped GEMM tile config overflows shared memory");
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   auto* kernel =
       &sm90::sm90_bf16_grouped_gemm_kernel<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
@@ -93,7 +100,7 @@ void grouped_gemm1_bf16(const GroupedGemm1Bf16Args& args, cudaStream_t stream) {
   if (tile.sub_tiles_m == 1)
     launch<sm90::kSplitNSmall, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
   else
-    launch<sm90::kSplitNLarge, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
+    launch<kBf16SplitNLarge, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
 }
 
 }  // namespace megamoe::kernels
