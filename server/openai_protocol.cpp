@@ -118,6 +118,7 @@ std::optional<CompletionRequest> parse_completion_request(const std::string& bod
     return std::nullopt;
   }
   p.max_tokens = int(max_tokens);
+  if (auto given = body.find("max_tokens"); given != body.end() && !given->is_null()) request.max_tokens_given = true;
   p.temperature = float(temperature);
   p.top_p = float(top_p);
   p.seed = seed;

@@ -20,6 +20,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;           // stream_options.include_usage
   bool return_token_ids = false;        // vLLM extension: token ids of prompt and completion
+  bool max_tokens_given = false;        // the body set max_tokens (else the default, cut at the context)
 };
 
 // Parses and validates a body; on failure returns nullopt and sets `error` (an HTTP 400 message).

@@ -171,6 +171,18 @@ void OpenAIServer::install_routes() {
       ++metrics_.requests_bad;
       return reply_error(res, 400, error);
     }
+    // As vLLM: an explicit max_tokens that cannot fit beside the prompt is the client's error; the
+    // default max_tokens is cut at the context instead.
+    if (parsed->max_tokens_given &&
+        int64_t(parsed->prompt_tokens.size()) + parsed->params.max_tokens > engine_.max_model_len()) {
+      ++metrics_.requests_bad;
+      return reply_error(res, 400, detail::concat("This model's maximum context length is ", engine_.max_model_len(),
+                                                  " tokens. However, you requested ",
+                                                  parsed->prompt_tokens.size() + parsed->params.max_tokens,
+                                                  " tokens (", parsed->prompt_tokens.size(), " in the prompt, ",
+                                                  parsed->params.max_tokens, " in the completion ('max_tokens')).",
+                                                  " Please reduce the length of the prompt or max_tokens."));
+    }
     auto request = std::make_shared<CompletionRequest>(std::move(*parsed));
     auto channel = std::make_shared<UpdateChannel>();
     const SubmitResult submitted = engine_.submit(request->prompt_tokens, request->params, channel->callback(channel));
