@@ -133,6 +133,7 @@ class ReferenceBackend final : public MoeBackend {
       validate(inputs, outputs);
     } catch (const Error& e) {
       error = e.what();
+      if (error.rfind("megamoe: ", 0) == 0) error.erase(0, 9);
     }
     forward_collective(inputs, outputs, error);
   }
