@@ -34,6 +34,10 @@
 //      v_s = y_s (bf16_rne for bf16 output), then acc = acc + v_s, after all routed slots.
 //  11. out[t] = bf16_rne(acc) for bf16 hidden, acc for fp32 hidden. A token whose slots are all
 //      padding and with no shared expert gets +0.
+//
+//   Expert parallel on the CPU (make_reference_backend(..., CpuEpGroup&, rank), tests and CI only):
+//   steps 1-8 of a slot run on the rank that holds its expert, steps 9-11 on the token's rank, with
+//   the same arithmetic, so results are bit-identical to one rank (see forward_collective).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
