@@ -5,8 +5,10 @@
 #include <map>
 #include <set>
 
+#include "megamoe/cpu_ep.h"
 #include "megamoe/error.h"
 #include "megamoe/moe.h"
+#include "megamoe/reference.h"
 #include "megamoe/routing.h"
 
 namespace megamoe::engine {
@@ -206,7 +208,15 @@ class CpuModelRunner final : public ModelRunner {
       if (!config.is_moe_layer(layer)) continue;
       std::unique_ptr<MoeBackend> backend;
       try {
-        backend = make_backend(backend_name, moe, options.ep);
+        if (options.cpu_ep) {
+          MEGAMOE_CHECK(options.ep == nullptr, "RunnerOptions: set ep (GPU group) or cpu_ep, not both");
+          MEGAMOE_CHECK(backend_name == "reference" || backend_name == "reference_fp32",
+                        "expert parallelism on the CPU runs the reference backend only (reference, reference_fp32)");
+          const Accumulation accumulation = backend_name == "reference" ? Accumulation::kF64 : Accumulation::kF32;
+          backend = make_reference_backend(moe, ReferenceOptions{accumulation}, *options.cpu_ep, options.ep_rank);
+        } else {
+          backend = make_backend(backend_name, moe, options.ep);
+        }
       } catch (const Error& e) {
         MEGAMOE_FAIL("--moe-backend ", options.moe_backend, " cannot run ", config.model_type, " (",
                      weight_format_name(expert_format), " experts): ", e.what());
@@ -241,7 +251,22 @@ class CpuModelRunner final : public ModelRunner {
   int num_kv_blocks() const override { return options_.num_kv_blocks; }
 
   StepOutput step(const StepBatch& batch) override {
-    const PackedBatch packed = pack(batch);
+    if (!options_.cpu_ep) return run(batch, pack(batch));
+    // NOTES: collective step. A rank whose batch is invalid still runs an empty step, so the other
+    // ranks' MoE collectives complete, then reports its error.
+    PackedBatch packed;
+    try {
+      packed = pack(batch);
+    } catch (const Error&) {
+      const StepBatch empty;
+      run(empty, pack(empty));
+      throw;
+    }
+    return run(batch, packed);
+  }
+
+ private:
+  StepOutput run(const StepBatch& batch, const PackedBatch& packed) {
     const int64_t T = packed.num_tokens, H = config_.hidden_size;
     std::vector<float> x(T * H), normed(T * H), delta(T * H);
     for (size_t c = 0, t = 0; c < batch.chunks.size(); ++c) {
@@ -276,7 +301,6 @@ class CpuModelRunner final : public ModelRunner {
     return output;
   }
 
- private:
   // Validates the batch against the cache and the model, and lays its tokens out back to back.
   PackedBatch pack(const StepBatch& batch) const {
     PackedBatch packed;
@@ -350,11 +374,13 @@ class CpuModelRunner final : public ModelRunner {
     inputs.logits = router_logits.data();
     inputs.num_tokens = T;
     route_reference(config_.router, inputs, topk_ids.data(), topk_weights.data());
-    // At least one call, even with T = 0: forward() is collective across the EP group.
-    const int64_t pieces = std::max<int64_t>(1, (T + options_.max_tokens_per_step - 1) / options_.max_tokens_per_step);
+    // At least one call, even with T = 0: forward() is collective across the EP group, and with
+    // a CPU EP group every rank makes as many calls as the rank with the most pieces.
+    int64_t pieces = std::max<int64_t>(1, (T + options_.max_tokens_per_step - 1) / options_.max_tokens_per_step);
+    if (options_.cpu_ep) pieces = options_.cpu_ep->max_over_ranks(options_.ep_rank, pieces);
     for (int64_t piece = 0; piece < pieces; ++piece) {
-      const int64_t begin = piece * options_.max_tokens_per_step;
-      const int64_t count = std::min<int64_t>(options_.max_tokens_per_step, T - begin);
+      const int64_t begin = std::min<int64_t>(piece * options_.max_tokens_per_step, T);
+      const int64_t count = std::clamp<int64_t>(T - begin, 0, options_.max_tokens_per_step);
       MoeInputs moe_inputs;
       moe_inputs.hidden = TensorView::make2d(x + begin * H, DType::kF32, count, H, Device::kCpu);
       moe_inputs.topk_ids = TensorView::make2d(topk_ids.data() + begin * K, DType::kI32, count, K, Device::kCpu);

@@ -15,6 +15,7 @@
 
 namespace megamoe {
 class EpGroup;
+class CpuEpGroup;
 }
 
 namespace megamoe::engine {
@@ -27,6 +28,12 @@ struct RunnerOptions {
   int num_kv_blocks = 256;
   int max_tokens_per_step = 4096;         // MoE buffers (MoeConfig::max_tokens_per_rank); larger steps are split
   EpGroup* ep = nullptr;                  // null: single rank, all experts local
+  // Data parallel + expert parallel on the CPU (reference backend only): this runner is rank
+  // `ep_rank` of `cpu_ep`, loads only its experts (CpuEpGroup::local_experts) and every step() is
+  // collective: all ranks' runners must call step() together, from their own threads, with an empty
+  // batch when they have no work. Logits are bit-identical to one rank holding every expert.
+  std::shared_ptr<CpuEpGroup> cpu_ep;
+  int ep_rank = 0;
 };
 
 // Reads <model_dir>/config.json (+ overrides) and the weights (or dummy ones with load.load_format ==

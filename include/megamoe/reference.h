@@ -21,4 +21,12 @@ struct ReferenceOptions {
 // Single rank (no EP group). Throws megamoe::Error when `config` is invalid.
 std::unique_ptr<MoeBackend> make_reference_backend(const MoeConfig& config, ReferenceOptions options = {});
 
+class CpuEpGroup;  // cpu_ep.h
+// Rank `rank` of an in-process expert-parallel group (CPU / tests only): holds experts
+// CpuEpGroup::local_experts(E, N, rank); forward() is collective over the group and gives results
+// bit-identical to the single-rank backend (each top-k slot is computed by its expert's owner, then
+// summed by the token's rank in slot order). The group must outlive the backend.
+std::unique_ptr<MoeBackend> make_reference_backend(const MoeConfig& config, ReferenceOptions options,
+                                                   CpuEpGroup& group, int rank);
+
 }  // namespace megamoe

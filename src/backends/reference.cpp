@@ -34,13 +34,19 @@
 //      v_s = y_s (bf16_rne for bf16 output), then acc = acc + v_s, after all routed slots.
 //  11. out[t] = bf16_rne(acc) for bf16 hidden, acc for fp32 hidden. A token whose slots are all
 //      padding and with no shared expert gets +0.
+//
+//   Expert parallel on the CPU (make_reference_backend(..., CpuEpGroup&, rank), tests and CI only):
+//   steps 1-8 of a slot run on the rank that holds its expert, steps 9-11 on the token's rank, with
+//   the same arithmetic, so results are bit-identical to one rank (see forward_collective).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/registry.h"
+#include "megamoe/cpu_ep.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/reference.h"
@@ -74,9 +80,15 @@ void check_matrix(const char* field, const formats::QuantizedMatrix& m, WeightFo
 
 class ReferenceBackend final : public MoeBackend {
  public:
-  ReferenceBackend(const MoeConfig& config, ReferenceOptions options) : config_(config), options_(options) {
+  ReferenceBackend(const MoeConfig& config, ReferenceOptions options, CpuEpGroup* group = nullptr, int rank = 0)
+      : config_(config), options_(options), group_(group), rank_(rank) {
     config_.validate();
-    experts_.resize(config_.num_experts);
+    if (group_ != nullptr) {
+      std::tie(first_expert_, num_experts_) = CpuEpGroup::local_experts(config_.num_experts, group_->num_ranks(), rank);
+    } else {
+      num_experts_ = config_.num_experts;
+    }
+    experts_.resize(num_experts_);
   }
 
   std::string_view name() const override {
@@ -84,22 +96,23 @@ class ReferenceBackend final : public MoeBackend {
   }
   Capabilities capabilities() const override { return reference_capabilities(); }
   const MoeConfig& config() const override { return config_; }
-  int first_local_expert() const override { return 0; }
-  int num_local_experts() const override { return config_.num_experts; }
+  int first_local_expert() const override { return first_expert_; }
+  int num_local_experts() const override { return num_experts_; }
 
   static Capabilities reference_capabilities() {
     Capabilities caps;
     caps.formats = {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kNvfp4, WeightFormat::kMxfp4};
     caps.activations = {Activation::Kind::kSiluMul, Activation::Kind::kSwigluClamped};
-    caps.min_ranks = caps.max_ranks = 1;
+    caps.min_ranks = caps.max_ranks = 1;  // through make_backend; CpuEpGroup ranks via make_reference_backend
     return caps;
   }
 
   void load_expert(int local_expert, const ExpertWeights& weights) override {
     check_alive("load_expert");
-    MEGAMOE_CHECK(local_expert >= 0 && local_expert < config_.num_experts, "load_expert: local_expert = ",
-                  local_expert, " must be in [0, num_local_experts = ", config_.num_experts, ")");
-    load(experts_[local_expert], weights, config_.intermediate, "expert " + std::to_string(local_expert) + " ");
+    MEGAMOE_CHECK(local_expert >= 0 && local_expert < num_experts_, "load_expert: local_expert = ",
+                  local_expert, " must be in [0, num_local_experts = ", num_experts_, ")");
+    load(experts_[local_expert], weights, config_.intermediate,
+         "expert " + std::to_string(first_expert_ + local_expert) + " ");
   }
 
   void load_shared_expert(const ExpertWeights& weights) override {
@@ -113,6 +126,31 @@ class ReferenceBackend final : public MoeBackend {
 
   void forward(const MoeInputs& inputs, MoeOutputs& outputs, StreamHandle) override {
     check_alive("forward");
+    if (group_ == nullptr) {
+      validate(inputs, outputs);
+      forward_single_rank(inputs, outputs);
+      return;
+    }
+    // NOTES: a rank whose inputs are bad still joins every barrier; all ranks then throw its error.
+    std::string error;
+    try {
+      validate(inputs, outputs);
+    } catch (const Error& e) {
+      error = e.what();
+      if (error.rfind("megamoe: ", 0) == 0) error.erase(0, 9);
+    }
+    forward_collective(inputs, outputs, error);
+  }
+
+  void destroy() override {
+    destroyed_ = true;
+    experts_.clear();
+    shared_ = DenseExpert{};
+  }
+
+ private:
+  // Checks shapes, dtypes, ids and weights; ids of experts on other ranks are checked by their owner.
+  void validate(const MoeInputs& inputs, const MoeOutputs& outputs) const {
     const int H = config_.hidden, K = config_.top_k, E = config_.num_experts;
     const TensorView& hidden = inputs.hidden;
     MEGAMOE_CHECK(hidden.dtype == DType::kBF16 || hidden.dtype == DType::kF32, "hidden: dtype ",
@@ -132,54 +170,159 @@ class ReferenceBackend final : public MoeBackend {
         const float w = weights[t * K + j];
         MEGAMOE_CHECK(id >= -1 && id < E, "topk_ids[", t, ", ", j, "] = ", id, " must be in [-1, num_experts = ", E, ")");
         MEGAMOE_CHECK(std::isfinite(w), "topk_weights[", t, ", ", j, "] = ", w, " must be finite");
-        MEGAMOE_CHECK(id < 0 || experts_[id].loaded, "topk_ids[", t, ", ", j, "] = ", id,
-                      " names an expert that was never loaded (call load_expert(", id, ", ...))");
+        MEGAMOE_CHECK(!is_local(id) || experts_[id - first_expert_].loaded, "topk_ids[", t, ", ", j, "] = ", id,
+                      " names an expert that was never loaded (call load_expert(", id - first_expert_, ", ...))");
       }
+    }
+    if (group_ != nullptr) {  // remote ranks' tokens may name any local expert
+      for (int e = 0; e < num_experts_; ++e)
+        MEGAMOE_CHECK(experts_[e].loaded, "rank ", rank_, ": local expert ", e, " (global ", first_expert_ + e,
+                      ") was never loaded (call load_expert(", e, ", ...) on every rank before forward)");
     }
     MEGAMOE_CHECK(config_.shared_intermediate == 0 || shared_.loaded,
                   "forward: shared expert configured (shared_intermediate = ", config_.shared_intermediate,
                   ") but load_shared_expert() was never called");
+  }
 
-    // Everything is validated; compute into a scratch buffer, then write `out` (which may alias hidden).
-    const bool bf16_io = hidden.dtype == DType::kBF16;
-    std::vector<float> result(static_cast<size_t>(T) * H);
-    std::vector<float> x(H);
-    std::vector<double> a1(H);
-    std::vector<float> y(H);
-    for (int64_t t = 0; t < T; ++t) {
-      for (int i = 0; i < H; ++i)
-        x[i] = bf16_io ? formats::bf16_to_f32(hidden.as<uint16_t>()[t * H + i]) : hidden.as<float>()[t * H + i];
-      gemm_operand(x.data(), H, a1);  // step 1
-      float* acc = result.data() + t * H;  // step 9: starts at +0 (the vector is zero-filled)
-      for (int j = 0; j < K; ++j) {
-        const int32_t id = ids[t * K + j];
-        if (id < 0) continue;
-        const float w = weights[t * K + j];
-        expert_output(experts_[id], a1, w, y);
-        for (int r = 0; r < H; ++r) {
-          float v = config_.apply_topk_in_fc1 ? y[r] : y[r] * w;  // step 8
-          if (bf16_io) v = formats::round_to_bf16(v);
-          acc[r] = acc[r] + v;
-        }
-      }
-      if (config_.shared_intermediate > 0) {  // step 10
-        expert_output(shared_, a1, 1.0f, y, /*shared=*/true);
-        for (int r = 0; r < H; ++r) acc[r] = acc[r] + (bf16_io ? formats::round_to_bf16(y[r]) : y[r]);
-      }
+  bool is_local(int32_t id) const { return id >= first_expert_ && id < first_expert_ + num_experts_; }
+
+  static float hidden_value(const TensorView& hidden, int64_t index) {
+    return hidden.dtype == DType::kBF16 ? formats::bf16_to_f32(hidden.as<uint16_t>()[index]) : hidden.as<float>()[index];
+  }
+
+  // Steps 3-8 for one top-k slot: v [H], the expert contribution (bf16-rounded for bf16 output).
+  void slot_contribution(int32_t id, const std::vector<double>& a1, float w, bool bf16_io, std::vector<float>& y,
+                         float* v) const {
+    expert_output(experts_[id - first_expert_], a1, w, y);
+    for (int r = 0; r < config_.hidden; ++r) {
+      float value = config_.apply_topk_in_fc1 ? y[r] : y[r] * w;  // step 8
+      v[r] = bf16_io ? formats::round_to_bf16(value) : value;
     }
-    for (int64_t n = 0; n < T * H; ++n) {
+  }
+
+  // Steps 10-11 after the routed slots were summed into acc [H].
+  void finish_token(const std::vector<double>& a1, bool bf16_io, std::vector<float>& y, float* acc) const {
+    if (config_.shared_intermediate > 0) {  // step 10
+      expert_output(shared_, a1, 1.0f, y, /*shared=*/true);
+      for (int r = 0; r < config_.hidden; ++r) acc[r] = acc[r] + (bf16_io ? formats::round_to_bf16(y[r]) : y[r]);
+    }
+  }
+
+  static void write_out(const std::vector<float>& result, bool bf16_io, MoeOutputs& outputs) {
+    for (size_t n = 0; n < result.size(); ++n) {
       if (bf16_io) outputs.out.as<uint16_t>()[n] = formats::f32_to_bf16(result[n]);
       else outputs.out.as<float>()[n] = result[n];
     }
   }
 
-  void destroy() override {
-    destroyed_ = true;
-    experts_.clear();
-    shared_ = DenseExpert{};
+  void forward_single_rank(const MoeInputs& inputs, MoeOutputs& outputs) const {
+    const int H = config_.hidden, K = config_.top_k;
+    const TensorView& hidden = inputs.hidden;
+    const int64_t T = hidden.shape[0];
+    const int32_t* ids = inputs.topk_ids.as<int32_t>();
+    const float* weights = inputs.topk_weights.as<float>();
+    // Everything is validated; compute into a scratch buffer, then write `out` (which may alias hidden).
+    const bool bf16_io = hidden.dtype == DType::kBF16;
+    std::vector<float> result(static_cast<size_t>(T) * H);
+    std::vector<float> x(H), y(H), v(H);
+    std::vector<double> a1(H);
+    for (int64_t t = 0; t < T; ++t) {
+      for (int i = 0; i < H; ++i) x[i] = hidden_value(hidden, t * H + i);
+      gemm_operand(x.data(), H, a1);  // step 1
+      float* acc = result.data() + t * H;  // step 9: starts at +0 (the vector is zero-filled)
+      for (int j = 0; j < K; ++j) {
+        const int32_t id = ids[t * K + j];
+        if (id < 0) continue;
+        slot_contribution(id, a1, weights[t * K + j], bf16_io, y, v.data());
+        for (int r = 0; r < H; ++r) acc[r] = acc[r] + v[r];
+      }
+      finish_token(a1, bf16_io, y, acc);
+    }
+    write_out(result, bf16_io, outputs);
   }
 
- private:
+  // What a rank shares with the group for one forward (lives on its stack until the last barrier).
+  struct Posted {
+    const MoeInputs* inputs = nullptr;
+    int64_t tokens = 0;                 // 0 when this rank's inputs failed validation
+    bool bf16_io = false;
+    float* contributions = nullptr;     // [tokens, top_k, H]: slot (t, j) written by expert owner
+    const std::string* error = nullptr;
+  };
+
+  // NOTES: three barriers. A: everyone posted; B: everyone read the errors (so a rank that returns
+  // early cannot overwrite its slot while another still reads it); C: every slot contribution is
+  // written. Between B and C rank r reads peers' inputs and writes the slots of its experts into
+  // their buffers; after C each rank sums only its own buffer, in slot order, exactly as
+  // forward_single_rank does, and may then overwrite its hidden (out may alias it).
+  void forward_collective(const MoeInputs& inputs, MoeOutputs& outputs, const std::string& error) {
+    const int H = config_.hidden, K = config_.top_k;
+    Posted mine;
+    mine.inputs = &inputs;
+    mine.error = &error;
+    if (error.empty()) {
+      mine.tokens = inputs.hidden.shape[0];
+      mine.bf16_io = inputs.hidden.dtype == DType::kBF16;
+      contributions_.assign(static_cast<size_t>(mine.tokens) * K * H, 0.0f);
+      mine.contributions = contributions_.data();
+    }
+    group_->post(rank_, &mine);
+    group_->barrier(rank_);  // A
+    std::string group_error;
+    for (int r = 0; r < group_->num_ranks() && group_error.empty(); ++r) {
+      const auto* peer = static_cast<const Posted*>(group_->peer(r));
+      if (!peer->error->empty()) group_error = detail::concat("rank ", r, ": ", *peer->error);
+    }
+    group_->barrier(rank_);  // B
+    MEGAMOE_CHECK(group_error.empty(), "expert-parallel forward failed on ", group_error);
+
+    try {
+      std::vector<float> x(H), y(H);
+      std::vector<double> a1(H);
+      for (int r = 0; r < group_->num_ranks(); ++r) {
+        const Posted& peer = *static_cast<const Posted*>(group_->peer(r));
+        const int32_t* ids = peer.inputs->topk_ids.as<int32_t>();
+        const float* weights = peer.inputs->topk_weights.as<float>();
+        for (int64_t t = 0; t < peer.tokens; ++t) {
+          bool any_local = false;
+          for (int j = 0; j < K; ++j) any_local = any_local || is_local(ids[t * K + j]);
+          if (!any_local) continue;
+          for (int i = 0; i < H; ++i) x[i] = hidden_value(peer.inputs->hidden, t * H + i);
+          gemm_operand(x.data(), H, a1);  // step 1, as the token's own rank would
+          for (int j = 0; j < K; ++j) {
+            const int32_t id = ids[t * K + j];
+            if (!is_local(id)) continue;
+            slot_contribution(id, a1, weights[t * K + j], peer.bf16_io, y,
+                              peer.contributions + (static_cast<size_t>(t) * K + j) * H);
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      group_->abort(detail::concat("rank ", rank_, " failed computing its experts: ", e.what()));
+      throw;
+    }
+    group_->barrier(rank_);  // C
+
+    const int64_t T = mine.tokens;
+    const int32_t* ids = inputs.topk_ids.as<int32_t>();
+    std::vector<float> result(static_cast<size_t>(T) * H), x(H), y(H);
+    std::vector<double> a1(H);
+    for (int64_t t = 0; t < T; ++t) {
+      float* acc = result.data() + t * H;  // step 9, slot order
+      for (int j = 0; j < K; ++j) {
+        if (ids[t * K + j] < 0) continue;
+        const float* v = contributions_.data() + (static_cast<size_t>(t) * K + j) * H;
+        for (int r = 0; r < H; ++r) acc[r] = acc[r] + v[r];
+      }
+      if (config_.shared_intermediate > 0) {
+        for (int i = 0; i < H; ++i) x[i] = hidden_value(inputs.hidden, t * H + i);
+        gemm_operand(x.data(), H, a1);
+        finish_token(a1, mine.bf16_io, y, acc);
+      }
+    }
+    write_out(result, mine.bf16_io, outputs);
+  }
+
   void check_alive(const char* call) const {
     MEGAMOE_CHECK(!destroyed_, call, ": the ", name(), " backend was destroyed");
   }
@@ -249,7 +392,11 @@ class ReferenceBackend final : public MoeBackend {
 
   MoeConfig config_;
   ReferenceOptions options_;
-  std::vector<DenseExpert> experts_;
+  CpuEpGroup* group_ = nullptr;  // null: single rank, all experts local
+  int rank_ = 0;
+  int first_expert_ = 0, num_experts_ = 0;
+  std::vector<DenseExpert> experts_;  // local experts
+  std::vector<float> contributions_;  // collective forward: this rank's [T, top_k, H] slot results
   DenseExpert shared_;
   bool destroyed_ = false;
 };
@@ -273,6 +420,11 @@ MEGAMOE_REGISTER_BACKEND(reference_entry("reference_fp32", Accumulation::kF32));
 
 std::unique_ptr<MoeBackend> make_reference_backend(const MoeConfig& config, ReferenceOptions options) {
   return std::make_unique<ReferenceBackend>(config, options);
+}
+
+std::unique_ptr<MoeBackend> make_reference_backend(const MoeConfig& config, ReferenceOptions options,
+                                                   CpuEpGroup& group, int rank) {
+  return std::make_unique<ReferenceBackend>(config, options, &group, rank);
 }
 
 }  // namespace megamoe

@@ -15,9 +15,11 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/formats_test_util.h"
+#include "megamoe/cpu_ep.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/moe.h"
@@ -683,6 +685,103 @@ TEST(ReferenceMoe, DestroyIsIdempotentAndLaterCallsThrow) {
   f.backend->destroy();
   expect_error_mentions([&] { f.forward(); }, {"forward", "destroyed"});
   EXPECT_TRUE(f.out_untouched());
+}
+
+// ---- the collective reference backend over an in-process CpuEpGroup -------------------------------
+// Tokens of one random layer split over 3 ranks (5, 0 and 3 tokens; 8 experts held 2, 3, 3): every
+// rank's output must be bit-identical to the single-rank backend's rows for the same tokens.
+TEST(ReferenceMoe, CpuExpertParallelThreeRanksBitIdenticalToOneRank) {
+  const int counts[3] = {5, 0, 3}, T = 8;
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const WeightFormat format : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kNvfp4}) {
+    for (const bool fc1_and_shared : {false, true}) {
+      for (const bool bf16_io : {false, true}) {
+        SCOPED_TRACE(std::string(weight_format_name(format)) + (fc1_and_shared ? " fc1+shared" : "") +
+                     (bf16_io ? " bf16" : " f32"));
+        const RandomLayer L = make_random_layer(format, Activation::Kind::kSiluMul, fc1_and_shared, fc1_and_shared, T, seed);
+        const std::vector<float> want = run_reference(L, T, Accumulation::kF64, bf16_io);
+        const MoeConfig& c = L.config;
+        const int H = c.hidden, K = c.top_k;
+        CpuEpGroup group(3, /*timeout_seconds=*/60.0);
+        std::vector<std::unique_ptr<MoeBackend>> ranks;
+        for (int r = 0; r < 3; ++r) {
+          ranks.push_back(make_reference_backend(c, ReferenceOptions{}, group, r));
+          const auto [first, count] = CpuEpGroup::local_experts(c.num_experts, 3, r);
+          ASSERT_EQ(ranks[r]->first_local_expert(), first);
+          ASSERT_EQ(ranks[r]->num_local_experts(), count);
+          EXPECT_THROW(ranks[r]->load_expert(count, L.quantized[first]), Error);  // not this rank's
+          for (int e = 0; e < count; ++e) ranks[r]->load_expert(e, L.quantized[first + e]);
+          if (c.shared_intermediate > 0) ranks[r]->load_shared_expert(L.shared_quantized);
+        }
+        std::vector<std::vector<float>> got(3);
+        std::vector<std::thread> threads;
+        for (int r = 0, begin = 0; r < 3; begin += counts[r++]) {
+          threads.emplace_back([&, r, begin] {
+            const int n = counts[r];
+            // Output written over the input (aliasing allowed), poisoned first where it is separate.
+            std::vector<uint16_t> io16(static_cast<size_t>(n) * H);
+            std::vector<float> io32(L.x.begin() + static_cast<size_t>(begin) * H, L.x.begin() + static_cast<size_t>(begin + n) * H);
+            for (size_t i = 0; i < io16.size(); ++i) io16[i] = bf16_bits_rne(io32[i]);
+            std::vector<int32_t> ids(L.ids.begin() + begin * K, L.ids.begin() + (begin + n) * K);
+            std::vector<float> weights(L.weights.begin() + begin * K, L.weights.begin() + (begin + n) * K);
+            MoeInputs in;
+            in.hidden = bf16_io ? TensorView::make2d(io16.data(), DType::kBF16, n, H, Device::kCpu)
+                                : TensorView::make2d(io32.data(), DType::kF32, n, H, Device::kCpu);
+            in.topk_ids = TensorView::make2d(ids.data(), DType::kI32, n, K, Device::kCpu);
+            in.topk_weights = TensorView::make2d(weights.data(), DType::kF32, n, K, Device::kCpu);
+            MoeOutputs out{in.hidden};
+            ranks[r]->forward(in, out, nullptr);
+            got[r].resize(static_cast<size_t>(n) * H);
+            for (size_t i = 0; i < got[r].size(); ++i)
+              got[r][i] = bf16_io ? std::bit_cast<float>(static_cast<uint32_t>(io16[i]) << 16) : io32[i];
+          });
+        }
+        for (auto& t : threads) t.join();
+        for (int r = 0, begin = 0; r < 3; begin += counts[r++]) {
+          ASSERT_EQ(0, std::memcmp(got[r].data(), want.data() + static_cast<size_t>(begin) * H, got[r].size() * sizeof(float)))
+              << "rank " << r;
+        }
+      }
+    }
+  }
+}
+
+// A rank with bad inputs fails the collective on every rank with its error, and nobody hangs.
+TEST(ReferenceMoe, CpuExpertParallelBadInputOnOneRankFailsEveryRank) {
+  const RandomLayer L = make_random_layer(WeightFormat::kBf16, Activation::Kind::kSiluMul, false, false, 2, 7);
+  const MoeConfig& c = L.config;
+  CpuEpGroup group(2, /*timeout_seconds=*/60.0);
+  std::vector<std::unique_ptr<MoeBackend>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(make_reference_backend(c, ReferenceOptions{}, group, r));
+    for (int e = 0; e < ranks[r]->num_local_experts(); ++e)
+      ranks[r]->load_expert(e, L.quantized[ranks[r]->first_local_expert() + e]);
+  }
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> x = L.x, out(x.size(), NAN);
+      std::vector<int32_t> ids = L.ids;
+      if (r == 1) ids[0] = c.num_experts;  // out of range
+      std::vector<float> weights = L.weights;
+      MoeInputs in;
+      in.hidden = TensorView::make2d(x.data(), DType::kF32, 2, c.hidden, Device::kCpu);
+      in.topk_ids = TensorView::make2d(ids.data(), DType::kI32, 2, c.top_k, Device::kCpu);
+      in.topk_weights = TensorView::make2d(weights.data(), DType::kF32, 2, c.top_k, Device::kCpu);
+      MoeOutputs o{TensorView::make2d(out.data(), DType::kF32, 2, c.hidden, Device::kCpu)};
+      try {
+        ranks[r]->forward(in, o, nullptr);
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("rank 1: topk_ids[0, 0] = 8 must be in [-1, num_experts = 8)"), std::string::npos)
+        << "rank " << r << ": " << errors[r];
 }
 
 }  // namespace

@@ -10,31 +10,48 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "server/llm_engine.h"
 #include "server_fake_runner.h"
 
 using json = nlohmann::json;
 
-TEST(ServerCli, ServeStartsAnswersAndStopsOnSigterm) {
-  const std::string binary = std::string(MEGAMOE_BINARY_DIR) + "/megamoe";
-  const std::string model = std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen3-moe";
-  if (access(binary.c_str(), X_OK) != 0) GTEST_SKIP() << binary << " not built";
+namespace {
+
+const std::string kBinary = std::string(MEGAMOE_BINARY_DIR) + "/megamoe";
+const std::string kModel = std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen3-moe";
+
+struct ServeRun {
+  std::string log;  // stderr up to the startup line (or all of it when the server exits)
+  std::vector<int32_t> tokens;  // the greedy completion's token ids
+  int exit_status = -1;
+};
+
+// Starts `megamoe serve` with `extra` flags, asks one greedy completion, stops it with SIGTERM.
+// A server that exits at startup returns its log and exit status without a completion.
+ServeRun serve_once(const std::vector<std::string>& extra) {
+  ServeRun run;
+  std::vector<std::string> args = {kBinary, "serve", kModel, "--port", "0", "--served-model-name", "tiny",
+                                   "--max-model-len", "512"};
+  args.insert(args.end(), extra.begin(), extra.end());
   int err_pipe[2];
-  ASSERT_EQ(pipe(err_pipe), 0);
+  EXPECT_EQ(pipe(err_pipe), 0);
   const pid_t pid = fork();
-  ASSERT_GE(pid, 0);
+  EXPECT_GE(pid, 0);
   if (pid == 0) {
     dup2(err_pipe[1], STDERR_FILENO);
     close(err_pipe[0]);
-    execl(binary.c_str(), binary.c_str(), "serve", model.c_str(), "--port", "0", "--served-model-name", "tiny",
-          "--max-model-len", "512", static_cast<char*>(nullptr));
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(kBinary.c_str(), argv.data());
     _exit(127);
   }
   close(err_pipe[1]);
   // Read stderr (bounded: 30 s) until the startup line names the port.
-  std::string log;
   int port = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   const std::regex port_line(R"(on http://127\.0\.0\.1:(\d+) )");
@@ -42,36 +59,70 @@ TEST(ServerCli, ServeStartsAnswersAndStopsOnSigterm) {
     char buffer[4096];
     const ssize_t n = read(err_pipe[0], buffer, sizeof(buffer));
     if (n <= 0) break;
-    log.append(buffer, size_t(n));
+    run.log.append(buffer, size_t(n));
     std::smatch match;
-    if (std::regex_search(log, match, port_line)) port = std::stoi(match[1]);
+    if (std::regex_search(run.log, match, port_line)) port = std::stoi(match[1]);
   }
   if (port == 0) {
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
-    FAIL() << "no port in the startup log:\n" << log;
+    for (int i = 0; i < 100 && waitpid(pid, &run.exit_status, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (run.exit_status == -1) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    close(err_pipe[0]);
+    return run;
   }
-  EXPECT_NE(log.find("max_model_len 512"), std::string::npos) << log;
   httplib::Client client("127.0.0.1", port);
   client.set_read_timeout(std::chrono::seconds(60));
   auto res = client.Post("/v1/completions",
                          json{{"model", "tiny"}, {"prompt", "Question: What is 2 + 3?\nAnswer:"}, {"max_tokens", 8},
-                              {"temperature", 0}, {"ignore_eos", true}}.dump(),
+                              {"temperature", 0}, {"ignore_eos", true}, {"return_token_ids", true}}.dump(),
                          "application/json");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200) << res->body;
-  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 8);
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_TRUE(res);
+  if (res) {
+    EXPECT_EQ(res->status, 200) << res->body;
+    const json reply = json::parse(res->body);
+    EXPECT_EQ(reply["usage"]["completion_tokens"], 8);
+    run.tokens = reply["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  }
+  EXPECT_EQ(kill(pid, SIGTERM), 0);
   int status = -1;
   for (int i = 0; i < 300 && waitpid(pid, &status, WNOHANG) == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   if (status == -1) {
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
-    FAIL() << "server did not stop within 15 s of SIGTERM";
+    ADD_FAILURE() << "server did not stop within 15 s of SIGTERM";
   }
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  run.exit_status = status;
   close(err_pipe[0]);
+  return run;
+}
+
+}  // namespace
+
+TEST(ServerCli, ServeStartsAnswersAndStopsOnSigterm) {
+  if (access(kBinary.c_str(), X_OK) != 0) GTEST_SKIP() << kBinary << " not built";
+  const ServeRun run = serve_once({});
+  ASSERT_EQ(run.tokens.size(), 8u) << run.log;
+  EXPECT_NE(run.log.find("max_model_len 512"), std::string::npos) << run.log;
+  EXPECT_TRUE(WIFEXITED(run.exit_status) && WEXITSTATUS(run.exit_status) == 0) << "status " << run.exit_status;
+}
+
+TEST(ServerCli, DataParallelExpertParallelServesTheSameTokensAsOneRank) {
+  if (access(kBinary.c_str(), X_OK) != 0) GTEST_SKIP() << kBinary << " not built";
+  const ServeRun one = serve_once({});
+  const ServeRun ep = serve_once({"--data-parallel-size", "2", "--enable-expert-parallel"});
+  ASSERT_EQ(one.tokens.size(), 8u) << one.log;
+  EXPECT_EQ(ep.tokens, one.tokens) << ep.log;
+  EXPECT_TRUE(WIFEXITED(ep.exit_status) && WEXITSTATUS(ep.exit_status) == 0) << "status " << ep.exit_status;
+  // Where it cannot run (a GPU backend in this CPU runner) serve refuses at startup, saying why.
+  const ServeRun refused =
+      serve_once({"--data-parallel-size", "2", "--enable-expert-parallel", "--moe-backend", "staged"});
+  EXPECT_TRUE(refused.tokens.empty());
+  EXPECT_TRUE(WIFEXITED(refused.exit_status) && WEXITSTATUS(refused.exit_status) != 0) << refused.log;
+  EXPECT_NE(refused.log.find("needs the multi-GPU runner"), std::string::npos) << refused.log;
 }
 
 TEST(ServerEngine, LockstepRanksStepTogetherWithEmptyBatches) {

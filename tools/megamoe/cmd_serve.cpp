@@ -11,7 +11,9 @@
 #include "engine/cli_options.h"
 #include "engine/config.h"
 #include "engine/model.h"
+#include "megamoe/cpu_ep.h"
 #include "megamoe/error.h"
+#include "megamoe/moe.h"
 #include "megamoe/types.h"
 #include "server/openai_server.h"
 #include "tools/megamoe/command.h"
@@ -37,9 +39,12 @@ int run(const ServeFlags& f) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   MEGAMOE_CHECK(f.data_parallel_size >= 1, "--data-parallel-size ", f.data_parallel_size, " must be >= 1");
-  MEGAMOE_CHECK(!f.enable_expert_parallel || f.data_parallel_size == 1,
-                "--enable-expert-parallel with --data-parallel-size ", f.data_parallel_size,
-                " needs the multi-GPU runner, which this build does not have (CPU reference runner only)");
+  const std::string backend = megamoe::normalize_backend_name(f.engine.runner.moe_backend);
+  const bool cpu_expert_parallel = f.enable_expert_parallel && f.data_parallel_size > 1;
+  MEGAMOE_CHECK(!cpu_expert_parallel || backend == "reference" || backend == "reference_fp32",
+                "--enable-expert-parallel with --data-parallel-size ", f.data_parallel_size, " and --moe-backend ",
+                f.engine.runner.moe_backend, " needs the multi-GPU runner, which this build does not have (the CPU runner "
+                "shards experts over in-process ranks with --moe-backend reference only)");
   MEGAMOE_CHECK(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1, "--gpu-memory-utilization ",
                 f.gpu_memory_utilization, " must be in (0, 1]");
   const std::string& model = f.engine.model;
@@ -54,8 +59,12 @@ int run(const ServeFlags& f) {
     runner_options.num_kv_blocks = 4 * ((std::max(context, 1) + runner_options.kv_block_size - 1) / runner_options.kv_block_size);
   }
   std::vector<std::unique_ptr<megamoe::engine::ModelRunner>> runners;
+  // DP + EP on the CPU: the ranks are threads of this process sharing one in-process EP group; the
+  // engine steps them in lockstep (empty steps for idle ranks).
+  if (cpu_expert_parallel) runner_options.cpu_ep = std::make_shared<megamoe::CpuEpGroup>(f.data_parallel_size);
   for (int rank = 0; rank < f.data_parallel_size; ++rank) {
     runner_options.load.progress = rank == 0;
+    runner_options.ep_rank = rank;
     runners.push_back(megamoe::engine::make_cpu_model_runner(model, runner_options));
   }
   const auto& info = runners.front()->info();
