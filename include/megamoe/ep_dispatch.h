@@ -24,6 +24,7 @@
 //   dispatch() and combine() must alternate; both are collective and CUDA-graph capturable.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 
@@ -81,6 +82,11 @@ class EpDispatcher {
   // stream sync; reads device counters).
   struct Traffic { uint64_t dispatch_bytes, combine_bytes; };
   Traffic last_remote_traffic(StreamHandle stream) const;
+  // Diagnostics (`megamoe bench ep`): with timing on, dispatch()/combine() record CUDA events around
+  // each kernel; last_kernel_times_us() (after a stream sync) returns {layout, send, receive,
+  // combine send, combine reduce} of the latest calls in microseconds. Leave off under graph capture.
+  void enable_kernel_timing(bool on);
+  std::array<float, 5> last_kernel_times_us() const;
   // Idempotent; later calls throw.
   void destroy();
 
