@@ -86,7 +86,9 @@ __global__ void __launch_bounds__(kEpLayoutThreads) ep_layout_kernel(EpParams p)
       const int id = p.saved_ids[t * k + j];
       if (id >= 0) mask |= 1u << (id / p.experts_per_rank);
     }
-    for (int r = 0; r < R; ++r) p.token_dest_slot[t * R + r] = ((mask >> r) & 1u) ? base[r]++ : -1;
+#pragma unroll
+    for (int r = 0; r < kMaxEpRanks; ++r)  // constant indices keep base[] in registers
+      if (r < R) p.token_dest_slot[t * R + r] = ((mask >> r) & 1u) ? base[r]++ : -1;
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) p.send_expert_counts[e] = expert_fill[e];
