@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
   }
 }
 
-// marks (optional, for `megamoe bench ep --split`): 4 events, recorded before the layout kernel and
+// marks (optional, for `megamoe bench ep` kernel splits): 4 events, recorded before the layout kernel and
 // after each of the three kernels.
 inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream, const cudaEvent_t* marks = nullptr) {
   const size_t expert_table_bytes = sizeof(int) * static_cast<size_t>(p.num_experts);  // E = R * El

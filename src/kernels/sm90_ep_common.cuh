@@ -16,7 +16,7 @@ namespace megamoe::kernels {
 // NOTES: the numbers of send/combine blocks are constants, not derived from the local GPU, because a
 // receiver expects exactly epoch * kEpSendBlocks arrivals from every sender.
 inline constexpr int kEpSendBlocks = 128;
-inline constexpr int kEpCombineBlocks = 128;
+inline constexpr int kEpCombineBlocks = 256;  // combine send is read-bound: 2 blocks per SM
 inline constexpr int kEpReceiveBlocks = 256;  // receive side only (not counted by peers)
 inline constexpr int kEpMaxExperts = 8192;    // layout/receive keep 4 * E bytes of shared memory
 inline constexpr int kEpWarpsPerBlock = 16;
