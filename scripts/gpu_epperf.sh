@@ -19,15 +19,18 @@ timeout 50 "$P/megamoe_tests_multigpu" --gtest_filter='EpMulti.*' >"$OUT/multigp
 timeout 25 "$P/megamoe_tests_gpu" --gtest_filter='EpSingle.*' >"$OUT/gpu_tests.log" 2>&1; g=$?; lap "gpu tests rc=$g"
 grep -hE "^\[  FAILED|Failure|Expected|Which is|actual|error:|rel_l2" "$OUT/gpu_tests.log" "$OUT/multigpu_tests.log" | head -24
 grep -hE "^\[  PASSED|tests ran" "$OUT/gpu_tests.log" "$OUT/multigpu_tests.log"
-for T in 4096 128; do
-  timeout 15 "$P/megamoe" bench ep --ranks 2 --tokens $T --hidden 7168 --top-k 8 --experts 256 --iters 20 \
-    --json "$OUT/bench_ep_$T.json" >"$OUT/bench_ep_$T.log" 2>&1; lap "bench ep $T rc=$?"; tail -3 "$OUT/bench_ep_$T.log"
-done
+bench_ep() {  # bench_ep TOKENS ITERS [json]: all runs append to one log (the tool returns <= 8 files)
+  local json=(); [ "${3:-}" = json ] && json=(--json "$OUT/bench_ep_$1.json")
+  timeout 15 "$P/megamoe" bench ep --ranks 2 --tokens "$1" --hidden 7168 --top-k 8 --experts 256 --iters "$2" \
+    "${json[@]}" >"$OUT/bench_ep_one.log" 2>&1; lap "bench ep $1 rc=$?"
+  cat "$OUT/bench_ep_one.log" >>"$OUT/bench_ep.log"; tail -3 "$OUT/bench_ep_one.log"; rm -f "$OUT/bench_ep_one.log"
+}
+bench_ep 4096 20 json
 timeout 40 "$P/megamoe" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block --tokens 128,2048,8192 \
   --iters 8 --json "$OUT/bench_layer_dsv3.json" >"$OUT/bench_layer_dsv3.log" 2>&1; lap "bench layer dsv3 rc=$?"
 tail -7 "$OUT/bench_layer_dsv3.log"
-timeout 15 "$P/megamoe" bench ep --ranks 2 --tokens 8192 --hidden 7168 --top-k 8 --experts 256 --iters 10 \
-  --json "$OUT/bench_ep_8192.json" >"$OUT/bench_ep_8192.log" 2>&1; lap "bench ep 8192 rc=$?"; tail -3 "$OUT/bench_ep_8192.log"
+bench_ep 8192 10 json
+bench_ep 128 20
 if [ "${MEMCHECK:-1}" = 1 ]; then
   timeout 25 compute-sanitizer --tool memcheck --error-exitcode 1 "$P/megamoe_tests_gpu" \
     --gtest_filter='EpSingle.DispatchCombineBitExact' >"$OUT/memcheck.log" 2>&1; lap "memcheck rc=$?"
