@@ -26,7 +26,7 @@ bench_ep() {  # bench_ep TOKENS ITERS [json]: all runs append to one log (the to
   cat "$OUT/bench_ep_one.log" >>"$OUT/bench_ep.log"; tail -3 "$OUT/bench_ep_one.log"; rm -f "$OUT/bench_ep_one.log"
 }
 bench_ep 4096 20 json
-timeout 40 "$P/megamoe" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block --tokens 128,2048,8192 \
+timeout 60 "$P/megamoe" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block --tokens 128,2048,8192 \
   --iters 8 --json "$OUT/bench_layer_dsv3.json" >"$OUT/bench_layer_dsv3.log" 2>&1; lap "bench layer dsv3 rc=$?"
 tail -7 "$OUT/bench_layer_dsv3.log"
 bench_ep 8192 10 json
