@@ -38,59 +38,87 @@ __device__ inline int block_exclusive_scan(int value, int* scratch, int* total) 
 // One block. Validates ids, assigns every (token, destination rank) a slot in the destination's
 // receive block and every valid (token, slot) a position among this rank's rows of its expert, saves
 // ids/weights for combine, bumps the epoch.
-// NOTES: receive slots are assigned in token order (deterministic, chunk-per-thread keeps it one
-// pass); positions inside an expert come from shared-memory atomics, so the row order inside an
-// expert is unspecified (results never depend on it: every grouped row is computed independently).
+// NOTES:
+// - Tokens go in tiles of kEpLayoutThreads, thread i owning token tile + i (coalesced; all k ids of a
+//   token are loaded before anything is stored, so the loads overlap). Receive slots follow token
+//   order: slot = slots of earlier tiles + earlier warps of this tile (one warp scan per rank) +
+//   earlier lanes of this warp (ballot + popc). Deterministic.
+// - Positions inside an expert come from shared-memory atomics, so the row order inside an expert
+//   is unspecified (results never depend on it: every grouped row is computed independently).
 __global__ void __launch_bounds__(kEpLayoutThreads) ep_layout_kernel(EpParams p) {
+  static_assert(kEpLayoutThreads == 32 * 32, "the per-tile warp scan assumes 32 warps");
   if (ep_device::group_failed(p.ctx)) return;
-  extern __shared__ int expert_fill[];  // [E]
-  __shared__ int scratch[32];
+  extern __shared__ int expert_fill[];                  // [E]
+  __shared__ int warp_slot_base[kMaxEpRanks][32];       // per tile: first slot of (rank, warp)
+  __shared__ int rank_slots[kMaxEpRanks];               // slots assigned by earlier tiles
   const int T = p.num_tokens, R = p.ctx.ranks, k = p.top_k, E = p.num_experts;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int e = threadIdx.x; e < E; e += blockDim.x) expert_fill[e] = 0;
+  if (threadIdx.x < kMaxEpRanks) rank_slots[threadIdx.x] = 0;
   __syncthreads();
-  const int chunk = (T + blockDim.x - 1) / blockDim.x;
-  const int begin = min(T, static_cast<int>(threadIdx.x) * chunk), end = min(T, begin + chunk);
-  int counts[kMaxEpRanks];
-#pragma unroll
-  for (int r = 0; r < kMaxEpRanks; ++r) counts[r] = 0;
-  for (int t = begin; t < end; ++t) {
+  for (int tile = 0; tile < T; tile += blockDim.x) {
+    const int t = tile + static_cast<int>(threadIdx.x);
     unsigned mask = 0;
-    for (int j = 0; j < k; ++j) {
-      int id = p.topk_ids[t * k + j];
-      if (id < -1 || id >= E) {
-        ep_device::record_error(p.ctx, 2u, EpPhase::kInvalidInput, id, 0, /*fail_group=*/false);
-        id = -1;
+    if (t < T) {
+      for (int j0 = 0; j0 < k; j0 += 8) {
+        int ids[8];
+        float weights[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          if (j0 + u < k) {
+            ids[u] = __ldg(p.topk_ids + static_cast<size_t>(t) * k + j0 + u);
+            weights[u] = __ldg(p.topk_weights + static_cast<size_t>(t) * k + j0 + u);
+          }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (j0 + u >= k) break;
+          const size_t at = static_cast<size_t>(t) * k + j0 + u;
+          int id = ids[u];
+          if (id < -1 || id >= E) {
+            ep_device::record_error(p.ctx, 2u, EpPhase::kInvalidInput, id, 0, /*fail_group=*/false);
+            id = -1;
+          }
+          p.saved_ids[at] = id;
+          p.saved_weights[at] = weights[u];
+          if (id >= 0) {
+            mask |= 1u << (id / p.experts_per_rank);
+            p.slot_pos[at] = atomicAdd(expert_fill + id, 1);
+          }
+        }
       }
-      p.saved_ids[t * k + j] = id;
-      p.saved_weights[t * k + j] = p.topk_weights[t * k + j];
-      if (id >= 0) {
-        mask |= 1u << (id / p.experts_per_rank);
-        p.slot_pos[t * k + j] = atomicAdd(expert_fill + id, 1);
+    }
+    int in_warp[kMaxEpRanks];  // slots of earlier lanes of this warp, per rank
+#pragma unroll
+    for (int r = 0; r < kMaxEpRanks; ++r) {
+      in_warp[r] = 0;
+      if (r < R) {
+        const unsigned bits = __ballot_sync(0xffffffffu, (mask >> r) & 1u);
+        in_warp[r] = __popc(bits & ((1u << lane) - 1u));
+        if (lane == 0) warp_slot_base[r][warp] = __popc(bits);
       }
     }
-#pragma unroll
-    for (int r = 0; r < kMaxEpRanks; ++r) counts[r] += (mask >> r) & 1u;
-  }
-  int base[kMaxEpRanks];
-#pragma unroll
-  for (int r = 0; r < kMaxEpRanks; ++r) {
-    if (r < R) {
-      int total = 0;
-      base[r] = block_exclusive_scan(counts[r], scratch, &total);  // ends with __syncthreads()
-      if (threadIdx.x == 0) p.send_count[r] = total;
+    __syncthreads();
+    if (warp < R) {  // warp r: exclusive scan of rank r's per-warp counts, offset by earlier tiles
+      const int count = warp_slot_base[warp][lane];
+      int inclusive = count;
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += v;
+      }
+      const int before = rank_slots[warp];
+      warp_slot_base[warp][lane] = before + inclusive - count;
+      __syncwarp();
+      if (lane == 31) rank_slots[warp] = before + inclusive;
     }
-  }
-  for (int t = begin; t < end; ++t) {
-    unsigned mask = 0;
-    for (int j = 0; j < k; ++j) {
-      const int id = p.saved_ids[t * k + j];
-      if (id >= 0) mask |= 1u << (id / p.experts_per_rank);
-    }
+    __syncthreads();
+    if (t < T) {
 #pragma unroll
-    for (int r = 0; r < kMaxEpRanks; ++r)  // constant indices keep base[] in registers
-      if (r < R) p.token_dest_slot[t * R + r] = ((mask >> r) & 1u) ? base[r]++ : -1;
+      for (int r = 0; r < kMaxEpRanks; ++r)
+        if (r < R) p.token_dest_slot[t * R + r] = ((mask >> r) & 1u) ? warp_slot_base[r][warp] + in_warp[r] : -1;
+    }
+    __syncthreads();  // warp_slot_base is rewritten by the next tile
   }
-  __syncthreads();
+  if (threadIdx.x < R) p.send_count[threadIdx.x] = rank_slots[threadIdx.x];
   for (int e = threadIdx.x; e < E; e += blockDim.x) p.send_expert_counts[e] = expert_fill[e];
   if (threadIdx.x == 0) {
     *p.epoch += 1;
