@@ -59,12 +59,26 @@ __device__ __forceinline__ __half mxfp4_scale(uint32_t bits, int decode_exponent
   return __float2half_rn(biased >= 1 ? __int_as_float(biased << 23) : 0.0f);
 }
 
+// MXFP4 table for s' = 2^e: the E4M3 codes of the magnitudes times 1 (0, .5, 1, 1.5 | 2, 3, 4, 6 =
+// 0x00 30 38 3C | 40 44 48 4C) with e added to the exponent field of every nonzero byte. Exact (and
+// equal to make_fp8_lut) for e in [-5, 6]: 0.5 * 2^-5 = 2^-6 is E4M3's smallest normal, 6 * 2^6 = 384;
+// no byte borrows or carries. p makes e <= 6; smaller e (groups 2^11 below the block's largest) take
+// the general path.
+__device__ __forceinline__ bool mxfp4_lut_by_exponent(uint32_t bits, int decode_exponent, Fp8Lut& lut) {
+  const int e = static_cast<int>(bits) - 127 + decode_exponent;
+  if (e < -5) return false;
+  lut = {0x3C383000u + static_cast<uint32_t>(8 * e) * 0x01010100u, 0x4C484440u + static_cast<uint32_t>(8 * e) * 0x01010101u};
+  return true;
+}
+
 // Decodes row `row` (0..127) of a 128-row x 128-K slice:
 //   fp4_tile    [128][64] bytes, TMA 64-byte swizzle (16-byte chunk c of row r at chunk c ^ ((r >> 1) & 3))
 //   scale_tile  [128][kScaleBytesPerRow] group scale bytes
 //   fp8_tile    [128][128] E4M3, the 128-byte swizzle of a TMA-written wgmma operand (chunk j of row r at
 //               chunk j ^ (r & 7)); tile bases 1024-byte aligned.
-template <Fp4Format kFormat>
+// kChunksInFlight: 16-byte input chunks unrolled together (ILP vs registers; the caller may hold ~200
+// accumulator registers while decoding).
+template <Fp4Format kFormat, int kChunksInFlight = 4>
 __device__ __forceinline__ void decode_fp4_row(const uint8_t* fp4_tile, const uint8_t* scale_tile, uint8_t* fp8_tile,
                                                int row, int decode_exponent) {
   const uint8_t* in_row = fp4_tile + row * 64;
@@ -72,7 +86,7 @@ __device__ __forceinline__ void decode_fp4_row(const uint8_t* fp4_tile, const ui
   if constexpr (kFormat == Fp4Format::kNvfp4) {
     const uint2 scale_bytes = *reinterpret_cast<const uint2*>(scale_tile + row * 8);
     const __half2 pow2 = __half2half2(__ushort_as_half(static_cast<unsigned short>((decode_exponent + 15) << 10)));
-#pragma unroll 1  // one 16-byte chunk live at a time: the caller holds ~200 accumulator registers
+#pragma unroll kChunksInFlight
     for (int c = 0; c < 4; ++c) {
       const uint4 in = *reinterpret_cast<const uint4*>(in_row + ((c ^ ((row >> 1) & 3)) << 4));
       const uint32_t pair = ((c < 2 ? scale_bytes.x : scale_bytes.y) >> (16 * (c & 1))) & 0xFFFFu;
@@ -89,10 +103,13 @@ __device__ __forceinline__ void decode_fp4_row(const uint8_t* fp4_tile, const ui
     }
   } else {
     const uint32_t scale_bytes = *reinterpret_cast<const uint32_t*>(scale_tile + row * 4);
-#pragma unroll 1  // one 16-byte chunk live at a time: the caller holds ~200 accumulator registers
+#pragma unroll kChunksInFlight
     for (int c = 0; c < 4; ++c) {
       const uint4 in = *reinterpret_cast<const uint4*>(in_row + ((c ^ ((row >> 1) & 3)) << 4));
-      const Fp8Lut lut = make_fp8_lut(__half2half2(mxfp4_scale((scale_bytes >> (8 * c)) & 0xFFu, decode_exponent)));
+      const uint32_t bits = (scale_bytes >> (8 * c)) & 0xFFu;
+      Fp8Lut lut;
+      if (!mxfp4_lut_by_exponent(bits, decode_exponent, lut))
+        lut = make_fp8_lut(__half2half2(mxfp4_scale(bits, decode_exponent)));
       const uint2 w0 = decode_fp4_word(in.x, lut), w1 = decode_fp4_word(in.y, lut);
       const uint2 w2 = decode_fp4_word(in.z, lut), w3 = decode_fp4_word(in.w, lut);
       *reinterpret_cast<uint4*>(out_row + (((2 * c) ^ (row & 7)) << 4)) = make_uint4(w0.x, w0.y, w1.x, w1.y);

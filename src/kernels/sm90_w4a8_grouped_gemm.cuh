@@ -65,6 +65,9 @@ struct W4a8GemmParams {
 
 constexpr int kW4a8BlockN = 256;
 constexpr int kW4a8Fp4RowBytes = kBlockK / 2;  // 64 bytes of FP4 per row per 128-K slice
+// 16-byte FP4 chunks of a row decoded together. v1 decoded one at a time (unroll 1, to spare registers
+// beside the accumulators) and was latency bound: ~2x slower than FP8 at large M (docs/grouped_gemm.md).
+constexpr int kW4a8DecodeChunksInFlight = 4;
 
 template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
 struct W4a8GemmLayout {
@@ -102,6 +105,11 @@ __device__ __forceinline__ void bulk_load(void* smem_destination, const void* so
                            barrier);
 }
 
+__device__ __forceinline__ W4a8BlockScaleDevice load_block(const W4a8BlockScaleDevice* block) {
+  const int2 bits = __ldg(reinterpret_cast<const int2*>(block));
+  return {__int_as_float(bits.x), bits.y};
+}
+
 template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_w4a8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
@@ -109,6 +117,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   using Layout = W4a8GemmLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
+  constexpr int kDecodeChunksInFlight = kW4a8DecodeChunksInFlight;
 
   extern __shared__ uint8_t shared_raw[];
   uint8_t* shared = shared_raw + ((1024 - (smem_address(shared_raw) & 1023)) & 1023);
@@ -173,11 +182,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   uint8_t* my_decoded = decoded + math_wg * 2 * Layout::kDecodedBytes;
 
   // Decodes k-block `kb` (ring stage `s`) of this warpgroup's 128 weight rows into buffer kb & 1.
-  auto decode = [&](int s, int kb, const W4a8BlockScaleDevice* blocks) {
-    decode_fp4_row<kFormat>(fp4_tiles + s * Layout::kFp4Bytes + math_wg * 128 * kW4a8Fp4RowBytes,
-                            scale_tiles + s * Layout::kScaleBytes + math_wg * 128 * kScaleBytesPerRow,
-                            my_decoded + (kb & 1) * Layout::kDecodedBytes, thread_in_wg,
-                            __ldg(&blocks[kb].decode_exponent));
+  auto decode = [&](int s, int kb, int decode_exponent) {
+    decode_fp4_row<kFormat, kDecodeChunksInFlight>(
+        fp4_tiles + s * Layout::kFp4Bytes + math_wg * 128 * kW4a8Fp4RowBytes,
+        scale_tiles + s * Layout::kScaleBytes + math_wg * 128 * kScaleBytesPerRow,
+        my_decoded + (kb & 1) * Layout::kDecodedBytes, thread_in_wg, decode_exponent);
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   };
 
@@ -210,28 +219,29 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     // Every warp of this warpgroup has retired the previous tile's wgmmas (which read decoded buffer 0
     // or 1) before any warp overwrites buffer 0.
     named_barrier_sync(2 + math_wg, 128);
+    // Block records {factor, p} are loaded one k-block ahead (with the A scales), off the decode's path.
+    W4a8BlockScaleDevice next_block = load_block(blocks);
     barrier_wait(&full[stage], phase);
-    decode(stage, 0, blocks);
+    decode(stage, 0, next_block.decode_exponent);
 
     float next_scale_a[kSubTilesM][2];
 #pragma unroll
     for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
       for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h]) : 0.0f;
-    float next_factor = __ldg(&blocks[0].factor);
     for (int kb = 0; kb < k_blocks; ++kb) {
       float scale_a[kSubTilesM][2];
 #pragma unroll
       for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
         for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
-      const float factor = next_factor;
+      const float factor = next_block.factor;
       if (kb + 1 < k_blocks) {
 #pragma unroll
         for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
           for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h] + kb + 1) : 0.0f;
-        next_factor = __ldg(&blocks[kb + 1].factor);
+        next_block = load_block(blocks + kb + 1);
       }
       named_barrier_sync(2 + math_wg, 128);  // every row of decoded kb is written and fenced
       const uint32_t b_base = smem_address(my_decoded + (kb & 1) * Layout::kDecodedBytes);
@@ -249,7 +259,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         if (s == 0 && kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
           const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
           barrier_wait(&full[next_stage], next_stage == 0 ? phase ^ 1 : phase);
-          decode(next_stage, kb + 1, blocks);
+          decode(next_stage, kb + 1, next_block.decode_exponent);
         }
         wgmma_wait<0>();
 #pragma unroll
