@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/gpu_skip.h"
+#include "common/w4a8_reference.h"
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
@@ -384,6 +385,16 @@ inline formats::QuantizedMatrix host_quantize(const std::vector<float>& w, int64
   m.rows = rows;
   m.cols = cols;
   dequantized->resize(rows * cols);
+  if (format == WeightFormat::kNvfp4 || format == WeightFormat::kMxfp4) {
+    // W4A8: formats::quantize (NVFP4 W13 with one global per half); the reference weights are the
+    // kernel's effective ones (w4a8_reference.h: FP8-decoded values times the block factor).
+    m = format == WeightFormat::kNvfp4 && rows % 256 == 0 ? formats::quantize_nvfp4_per_half(w.data(), rows, cols)
+                                                          : formats::quantize(w.data(), rows, cols, format);
+    const W4a8Decoded decoded = decode_w4a8_reference(m);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) (*dequantized)[r * cols + c] = static_cast<float>(decoded.weight(r, c, cols));
+    return m;
+  }
   if (format == WeightFormat::kBf16) {
     m.data.resize(rows * cols * 2);
     for (int64_t i = 0; i < rows * cols; ++i) {
