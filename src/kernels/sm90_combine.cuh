@@ -43,26 +43,9 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_combine_reduce_kerne
   const int warp_global = blockIdx.x * kEpWarpsPerBlock + (threadIdx.x >> 5);
   const int H = p.hidden, k = p.top_k;
   const __nv_bfloat16* rows = p.region<__nv_bfloat16>(p.ctx.rank, p.layout.combine_rows);
-  for (int t = warp_global; t < p.num_tokens; t += gridDim.x * kEpWarpsPerBlock) {
-    for (int c = lane; c < H / 8; c += 32) {
-      float acc[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-      for (int j = 0; j < k; ++j) {
-        if (p.saved_ids[t * k + j] < 0) continue;
-        const float w = p.apply_weights ? p.saved_weights[t * k + j] : 1.0f;
-        const uint4 raw = *reinterpret_cast<const uint4*>(rows + (static_cast<size_t>(t) * k + j) * H + 8 * c);
-        const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, __bfloat162float(y[i]), acc[i]);
-      }
-      uint4 packed;
-      __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&packed);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[i]);
-      reinterpret_cast<uint4*>(p.out + static_cast<size_t>(t) * H)[c] = packed;
-    }
-  }
+  for (int t = warp_global; t < p.num_tokens; t += gridDim.x * kEpWarpsPerBlock)
+    reduce_topk_row(rows + static_cast<size_t>(t) * k * H, p.saved_ids + t * k, p.saved_weights + t * k, k, H,
+                    p.apply_weights, p.out + static_cast<size_t>(t) * H, lane);
 }
 
 inline void launch_ep_combine(const EpParams& p, cudaStream_t stream) {

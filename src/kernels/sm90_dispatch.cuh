@@ -116,35 +116,9 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel
         hi = __ldg(src + 2 * c + 1);
       }
       if (p.fp8) {
-        const __nv_bfloat16* v_lo = reinterpret_cast<const __nv_bfloat16*>(&lo);
-        const __nv_bfloat16* v_hi = reinterpret_cast<const __nv_bfloat16*>(&hi);
-        float v[16];
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          v[i] = __bfloat162float(v_lo[i]);
-          v[8 + i] = __bfloat162float(v_hi[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-        amax = fmaxf(amax, 1e-10f);  // formats::kFp8ScaleEps
-        const float scale = __fdiv_rn(amax, 448.0f);
-        uint32_t packed[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          uint32_t word = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn(v[4 * w + b], scale), __NV_SATFINITE, __NV_E4M3);
-            word |= static_cast<uint32_t>(q) << (8 * b);
-          }
-          packed[w] = word;
-        }
+        float scale = 0.0f;
+        const uint4 q = quantize16_fp8(lo, hi, &scale);
         if (active) {
-          const uint4 q = make_uint4(packed[0], packed[1], packed[2], packed[3]);
           for (int r = 0; r < R; ++r) {
             if (dest_row[r] < 0) continue;
             uint8_t* row = p.region<uint8_t>(r, p.layout.recv_x) + static_cast<size_t>(dest_row[r]) * H;
