@@ -13,7 +13,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 source scripts/nccl_env.sh
 export LD_LIBRARY_PATH="$bin:$LD_LIBRARY_PATH"
 summary=()
-if ldd "$bin/megamoe_tests_multigpu" "$bin/megamoe" | grep -q "not found"; then  # fall back to a build here
+if [ -n "$(ldd "$bin/megamoe_tests_multigpu" "$bin/megamoe" 2>&1 | grep "not found")" ]; then  # fall back to a build here
   ldd "$bin/megamoe_tests_multigpu" "$bin/megamoe" | grep "not found"
   build=/tmp/build-mega
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_BUILD_SERVER=OFF -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" \
