@@ -4,7 +4,8 @@
 # grouped GEMM, EP runtime + staged, 1 and 2 GPUs), the dsv3 FP8 layer benchmark with staged and mega
 # in the same run, and a memcheck of a small mega test; prints a short table last. Logs + JSON in $OUT.
 #   scripts/gpu_mega.sh [dir with megamoe, libmegamoe.so, megamoe_tests_gpu, megamoe_tests_multigpu]
-#   env: BENCH=0 skips the benchmark, TOKENS=128,2048,8192
+#   env: BENCH=0 skips the benchmark, TOKENS=128,2048,8192, SANITIZE=0 skips memcheck,
+#        GPU_FILTER / MULTI_FILTER: gtest filters of the 1-GPU / 2-GPU test binaries
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$(realpath "${1:-prebuilt}")
@@ -28,14 +29,14 @@ step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seco
   else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -40 "$out/$name.log"; fi
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpus.txt"
-step test_gpu 150 "$bin/megamoe_tests_gpu" --gtest_filter='MegaSingle.*:GroupedGemmFp8.*:EpSingle.*'
-step test_multigpu 180 "$bin/megamoe_tests_multigpu" --gtest_filter='MegaMulti.*:EpMulti.*'
+step test_gpu 150 "$bin/megamoe_tests_gpu" --gtest_filter="${GPU_FILTER:-MegaSingle.*:GroupedGemmFp8.*:EpSingle.*}"
+step test_multigpu 180 "$bin/megamoe_tests_multigpu" --gtest_filter="${MULTI_FILTER:-MegaMulti.*:EpMulti.*}"
 if [ "${BENCH:-1}" = 1 ]; then
   step bench_layer 200 "$bin/megamoe" bench layer --backend staged,mega --ranks 2 --preset dsv3 --format fp8_block \
        --tokens "${TOKENS:-128,2048,8192}" --iters 10 --json "$out/bench_layer_dsv3_mega.json"
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
-  step memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/megamoe_tests_gpu" \
+  step memcheck 90 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$bin/megamoe_tests_gpu" \
        --gtest_filter='MegaSingle.ZeroTokensAndChangingTokenCounts'
 fi
 grep -h -E "^\[(mega|staged|mega vs staged)|^\[  (FAILED|PASSED) |tests? (ran|passed)" "$out"/test_*.log | head -60

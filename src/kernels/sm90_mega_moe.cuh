@@ -15,7 +15,8 @@
 //                atomic cursor[e]), bumping arrived[e] per row (release, gpu scope). The last CTA to
 //                finish tells every sender pulled[me] = epoch + 1.
 //   4 GEMMs      warp-specialized as the grouped GEMM (sm90_fp8_grouped_gemm.cuh, same device code):
-//                tiles 0 .. T1-1 are GEMM-1 tiles, T1 .. T1+T2-1 GEMM-2 tiles, CTA b takes b, b+grid,..
+//                GEMM-1 and GEMM-2 tiles interleaved by m-tile groups (decode_mega_tile), CTA b takes
+//                tiles b, b + grid, ...
 //                A GEMM-1 tile of expert e starts when arrived[e] == rows(e); a GEMM-2 tile of m-tile m
 //                starts when gemm1_done[m] == I/128 (all GEMM-1 n-tiles of those rows). The GEMM-2
 //                epilogue writes BF16 straight into combine_rows of the row's source rank (peer
@@ -30,8 +31,8 @@
 //   far, in device memory, bumped by the kernel); every other counter is zeroed by the kernel's
 //   last CTA after its last reader is done, so the next launch (or graph replay) starts from zero.
 // - Deadlock freedom: no CTA waits inside phases 1 and 3; GEMM-1 tiles depend only on phase 3 of all
-//   CTAs, GEMM-2 tiles only on GEMM-1 tiles, and every CTA runs its GEMM-1 tiles before its GEMM-2
-//   tiles; cross-rank waits (ready, combine pieces, pulled) depend only on the peers' earlier phases.
+//   CTAs, GEMM-2 tiles only on GEMM-1 tiles placed earlier in the tile sequence (decode_mega_tile);
+//   cross-rank waits (ready, combine pieces, pulled) depend only on the peers' earlier phases.
 // - Memory ordering: writers store, then fence (proxy.async for data that TMA reads, then
 //   __threadfence / __threadfence_system), then bump a counter with red.release; readers acquire the
 //   counter (ld.acquire.sys) and, before TMA, fence.proxy.async. Data written during the kernel by
@@ -133,6 +134,34 @@ struct MegaMoeParams {
 };
 
 namespace mega_detail {
+
+// Tile sequence of step 4: GEMM-1 and GEMM-2 tiles interleaved by groups of kInterleaveMTiles m-tiles,
+//   [G1 of group 0] [G1 of group 1] [G2 of group 0] [G1 of group 2] [G2 of group 1] ... [G2 of the last]
+// so the GEMM-2 epilogues' NVLink stores overlap GEMM-1 compute instead of all coming at the end.
+// NOTES: every GEMM-2 tile comes after all GEMM-1 tiles it depends on (its m-tile's, one group
+// earlier), and every CTA runs its tiles in increasing order: the lowest unfinished tile can always
+// run, so the waits cannot deadlock.
+inline constexpr int kInterleaveMTiles = 8;
+struct MegaTile {
+  bool gemm2;
+  int m_tile, n_tile;
+};
+__device__ __forceinline__ MegaTile decode_mega_tile(int index, int m_tiles, int n1_tiles, int n2_tiles) {
+  const int groups = (m_tiles + kInterleaveMTiles - 1) / kInterleaveMTiles;
+  for (int g = 0; g <= groups; ++g) {
+    if (g < groups) {
+      const int first = g * kInterleaveMTiles, count = min(kInterleaveMTiles, m_tiles - first) * n1_tiles;
+      if (index < count) return {false, first + index / n1_tiles, index % n1_tiles};
+      index -= count;
+    }
+    if (g >= 1) {
+      const int first = (g - 1) * kInterleaveMTiles, count = min(kInterleaveMTiles, m_tiles - first) * n2_tiles;
+      if (index < count) return {true, first + index / n2_tiles, index % n2_tiles};
+      index -= count;
+    }
+  }
+  return {true, m_tiles, 0};  // past the end (not reached for index < total tiles)
+}
 
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
@@ -363,7 +392,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   const int m_tiles = table.tile_prefix[E];
   const int n1_tiles = 2 * I / kBlockN, n2_tiles = H / kBlockN;
   const int k1_blocks = H / kBlockK, k2_blocks = I / kBlockK;
-  const int tiles1 = m_tiles * n1_tiles, total_tiles = tiles1 + m_tiles * n2_tiles;
+  const int total_tiles = m_tiles * (n1_tiles + n2_tiles);
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
 
@@ -373,8 +402,9 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
     PipelineCursor<Layout::kStageCount> cursor;
     int expert1 = 0, expert2 = 0, waited_expert = -1;
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      if (tile < tiles1) {
-        const TileCoordinates t = locate_tile(table, tile, n1_tiles, kBlockM, expert1);
+      const MegaTile task = decode_mega_tile(tile, m_tiles, n1_tiles, n2_tiles);
+      if (!task.gemm2) {
+        const TileCoordinates t = locate_tile(table, task.m_tile * n1_tiles + task.n_tile, n1_tiles, kBlockM, expert1);
         if (waited_expert != expert1) {
           wait_local_geq(p.ctx, p.arrived + expert1, static_cast<uint64_t>(offsets[expert1 + 1] - offsets[expert1]));
           waited_expert = expert1;
@@ -382,9 +412,8 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
         }
         produce_fp8_tile(smem, &x_map, &w13_map, t.m0, expert1 * 2 * I + t.n_tile * kBlockN, k1_blocks, cursor);
       } else {
-        const int tile2 = tile - tiles1;
-        const TileCoordinates t = locate_tile(table, tile2, n2_tiles, kBlockM, expert2);
-        wait_local_geq(p.ctx, p.gemm1_done + tile2 / n2_tiles, static_cast<uint64_t>(n1_tiles));
+        const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
+        wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
         fence_proxy_async_global();
         produce_fp8_tile(smem, &act_map, &w2_map, t.m0, expert2 * H + t.n_tile * kBlockN, k2_blocks, cursor);
       }
@@ -403,8 +432,9 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
     float accumulator[Layout::kSubTiles][64];
     float partial[64];
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      if (tile < tiles1) {
-        const TileCoordinates t = locate_tile(table, tile, n1_tiles, kBlockM, expert1);
+      const MegaTile task = decode_mega_tile(tile, m_tiles, n1_tiles, n2_tiles);
+      if (!task.gemm2) {
+        const TileCoordinates t = locate_tile(table, task.m_tile * n1_tiles + task.n_tile, n1_tiles, kBlockM, expert1);
         // The scales and row weights of these rows come from other CTAs' phase 3.
         if (lane == 0)
           wait_local_geq(p.ctx, p.arrived + expert1, static_cast<uint64_t>(offsets[expert1 + 1] - offsets[expert1]));
@@ -421,19 +451,18 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 128);
-          if (thread_in_wg == 0) ep_device::add_release_sys(p.gemm1_done + tile / n1_tiles, 1ull);
+          if (thread_in_wg == 0) ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
         }
       } else {
-        const int tile2 = tile - tiles1;
-        const TileCoordinates t = locate_tile(table, tile2, n2_tiles, kBlockM, expert2);
-        if (lane == 0) wait_local_geq(p.ctx, p.gemm1_done + tile2 / n2_tiles, static_cast<uint64_t>(n1_tiles));
+        const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
+        if (lane == 0) wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
         __syncwarp();
         const MathRows<Layout::kSubTiles> where(t.m0, t.m_end, row_in_tile);
         const int n_block = t.n_tile * 2 + math_wg;
         const float* b_scales = p.w2_scales + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
         fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.act_scales, b_scales, k2_blocks, 0,
                                         math_wg, cursor);
-        store_bf16_epilogue(accumulator, where, t.n_tile * kBlockN + math_wg * 128 + 2 * (lane % 4), [&](int row) {
+        store_bf16_epilogue_wide(accumulator, where, t.n_tile * kBlockN + math_wg * 128, [&](int row) {
           const int4 raw = __ldcg(reinterpret_cast<const int4*>(p.sources + row));  // RowSource {rank, token, slot, w}
           return p.region<__nv_bfloat16>(raw.x, p.layout.combine_rows) + (static_cast<size_t>(raw.y) * k + raw.z) * H;
         });
