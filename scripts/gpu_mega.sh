@@ -5,7 +5,8 @@
 # in the same run, and a memcheck of a small mega test; prints a short table last. Logs + JSON in $OUT.
 #   scripts/gpu_mega.sh [dir with megamoe, libmegamoe.so, megamoe_tests_gpu, megamoe_tests_multigpu]
 #   env: BENCH=0 skips the benchmark, TOKENS=128,2048,8192, SANITIZE=0 skips memcheck,
-#        GPU_FILTER / MULTI_FILTER: gtest filters of the 1-GPU / 2-GPU test binaries
+#        GPU_FILTER / MULTI_FILTER: gtest filters of the 1-GPU / 2-GPU test binaries, TESTS=0 skips them,
+#        CHECK="--check --check-tokens 4" adds the reference check to the benchmark
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$(realpath "${1:-prebuilt}")
@@ -29,17 +30,19 @@ step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seco
   else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -40 "$out/$name.log"; fi
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpus.txt"
+if [ "${TESTS:-1}" = 1 ]; then
 step test_gpu 150 "$bin/megamoe_tests_gpu" --gtest_filter="${GPU_FILTER:-MegaSingle.*:GroupedGemmFp8.*:EpSingle.*}"
 step test_multigpu 180 "$bin/megamoe_tests_multigpu" --gtest_filter="${MULTI_FILTER:-MegaMulti.*:EpMulti.*}"
+fi
 if [ "${BENCH:-1}" = 1 ]; then
   step bench_layer 200 "$bin/megamoe" bench layer --backend staged,mega --ranks 2 --preset dsv3 --format fp8_block \
-       --tokens "${TOKENS:-128,2048,8192}" --iters 10 --json "$out/bench_layer_dsv3_mega.json"
+       --tokens "${TOKENS:-128,2048,8192}" --iters 10 ${CHECK:-} --json "$out/bench_layer_dsv3_mega.json"
 fi
 if [ "${SANITIZE:-1}" = 1 ]; then
   step memcheck 90 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$bin/megamoe_tests_gpu" \
        --gtest_filter='MegaSingle.ZeroTokensAndChangingTokenCounts'
 fi
-grep -h -E "^\[(mega|staged|mega vs staged)|^\[  (FAILED|PASSED) |tests? (ran|passed)" "$out"/test_*.log | head -60
+grep -h -E "^\[(mega|staged|mega vs staged)|^\[  (FAILED|PASSED) |tests? (ran|passed)" "$out"/test_*.log 2>/dev/null | head -60
 grep -h -E "ERROR SUMMARY" "$out"/memcheck.log 2>/dev/null
 [ -f "$out/bench_layer.log" ] && { echo "== bench_layer"; tail -n 12 "$out/bench_layer.log"; }
 printf '\n%-14s %-9s %s\n' step result time
