@@ -238,6 +238,21 @@ float bf16_value(uint16_t bits) { return formats::bf16_to_f32(bits); }
 
 }  // namespace
 
+double layer_floor_us(const LayerShape& shape, WeightFormat format, int64_t rows, int touched_experts) {
+  const double H = shape.hidden, I = shape.intermediate;
+  const double flop = 2.0 * static_cast<double>(rows) * H * I * 3.0;
+  const double tflops = format == WeightFormat::kBf16 ? 780.0 : 1420.0;
+  double bytes_per_expert = 0;
+  switch (format) {
+    case WeightFormat::kBf16: bytes_per_expert = 3 * H * I * 2; break;
+    case WeightFormat::kFp8Block: bytes_per_expert = 3 * H * I * (1.0 + 4.0 / (128 * 128)); break;
+    default: bytes_per_expert = 3 * H * I * (0.5 + 1.0 / 16); break;  // FP4 + one E4M3 scale per 16
+  }
+  const double compute_us = flop / (tflops * 1e12) * 1e6;
+  const double weights_us = touched_experts * bytes_per_expert / 4.2e12 * 1e6;
+  return std::max(compute_us, weights_us);
+}
+
 const std::vector<LayerShape>& layer_presets() {
   static const std::vector<LayerShape> presets = {
       {"tiny", 256, 128, 8, 2},          {"dsv3", 7168, 2048, 256, 8},      {"ml3", 7168, 4096, 128, 4},
@@ -316,6 +331,12 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
   for (int tokens : o.tokens) {
     const Routing routing = make_routing(o, tokens, rng);
     const double flop = 2.0 * static_cast<double>(routing.rows) * o.shape.hidden * o.shape.intermediate * 3.0;
+    const int local_experts = o.shape.experts / std::max(1, o.ranks);
+    std::vector<bool> touched(local_experts, false);
+    for (int32_t id : routing.ids)
+      if (id >= 0 && id < local_experts) touched[id] = true;
+    const double floor_us =
+        layer_floor_us(o.shape, o.format, routing.rows, static_cast<int>(std::count(touched.begin(), touched.end(), true)));
     std::vector<uint16_t> expected;
     const int checked_tokens = std::min(tokens, o.check_tokens);
     if (o.check && checked_tokens > 0) {
@@ -343,6 +364,8 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
       r.tflops = r.median_us > 0 ? flop / (r.median_us * 1e-6) * 1e-12 : 0;
       if (b == 0) first_us = r.median_us;
       r.ratio_to_first = first_us > 0 ? r.median_us / first_us : 0;
+      r.floor_us = floor_us;
+      r.ratio_to_floor = floor_us > 0 ? r.median_us / floor_us : 0;
       if (o.check && checked_tokens > 0) {
         double diff2 = 0, ref2 = 0, max_abs = 0;
         bool finite = true;
@@ -361,8 +384,9 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
         r.check_passed = finite && r.check_rel_l2 <= 1e-2;
       }
       if (speak)
-        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx%s\n", r.backend.c_str(),
-                    tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
+        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx  %5.2fx floor%s\n",
+                    r.backend.c_str(), tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
+                    r.ratio_to_floor,
                     r.checked ? (r.check_passed ? "  check ok" : "  CHECK FAILED") : "");
       std::fflush(stdout);
       results.push_back(r);
@@ -377,16 +401,18 @@ void print_layer_table(const LayerBenchOptions& o, const std::vector<LayerCaseRe
               std::string(weight_format_name(o.format)).c_str(), std::string(activation_name(o.activation.kind)).c_str(),
               o.apply_topk_in_fc1 ? " (top-k in fc1)" : "", std::string(routing_pattern_name(o.routing)).c_str(), o.ranks,
               o.iters);
-  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %-22s |\n", "backend", "tokens", "rows", "median us",
-              "min us", "TFLOP/s", "vs first", "check (rel-L2)");
-  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
+  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-22s |\n", "backend", "tokens", "rows",
+              "median us", "min us", "TFLOP/s", "vs first", "floor us", "vs floor", "check (rel-L2)");
+  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
               std::string(10, '-').c_str(), std::string(14, '-').c_str(), std::string(14, '-').c_str(),
-              std::string(11, '-').c_str(), std::string(10, '-').c_str(), std::string(24, '-').c_str());
+              std::string(11, '-').c_str(), std::string(10, '-').c_str(), std::string(12, '-').c_str(),
+              std::string(10, '-').c_str(), std::string(24, '-').c_str());
   for (const LayerCaseResult& r : results) {
     char check[64] = "-";
     if (r.checked) std::snprintf(check, sizeof(check), "%s (%.2e)", r.check_passed ? "ok" : "FAILED", r.check_rel_l2);
-    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %-22s |\n", r.backend.c_str(), r.tokens,
-                static_cast<long long>(r.rows), r.median_us, r.min_us, r.tflops, r.ratio_to_first, check);
+    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-22s |\n",
+                r.backend.c_str(), r.tokens, static_cast<long long>(r.rows), r.median_us, r.min_us, r.tflops,
+                r.ratio_to_first, r.floor_us, r.ratio_to_floor, check);
   }
 }
 
@@ -411,7 +437,8 @@ nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<
   for (const LayerCaseResult& r : results) {
     nlohmann::json c = {{"backend", r.backend},     {"tokens", r.tokens},   {"rows", r.rows},
                         {"median_us", r.median_us}, {"min_us", r.min_us},   {"tflops", r.tflops},
-                        {"ratio_to_first", r.ratio_to_first}};
+                        {"ratio_to_first", r.ratio_to_first}, {"floor_us", r.floor_us},
+                        {"ratio_to_floor", r.ratio_to_floor}};
     if (r.checked)
       c["check"] = {{"passed", r.check_passed}, {"rel_l2", r.check_rel_l2}, {"max_abs", r.check_max_abs}};
     j["cases"].push_back(c);

@@ -12,6 +12,10 @@
 //     samples k distinct experts per token with probability p: uniform (p_e = 1/E), zipf
 //     (p_e ~ 1/(e+1)^1.2 over a seeded permutation of the experts), one-rank (only the experts of
 //     rank 0, [0, E/ranks)).
+//   * Floor (per rank) = max(FLOPs / dense tensor rate, expert weight bytes touched / HBM bandwidth) with
+//     the measured H200 ceilings of docs/perf.md (FP8 1420 TFLOP/s, BF16 780, W4A8 run as FP8; HBM
+//     4.2 TB/s); weight bytes = this rank's local experts with >= 1 routed row (rank 0's, from the
+//     shared routing) x their packed bytes incl. scales. ratio_to_floor = median / floor.
 //   * --check runs `reference` on the first `check_tokens` tokens and compares each backend's rows.
 #pragma once
 
@@ -61,6 +65,7 @@ struct LayerCaseResult {
   int64_t rows = 0;  // routed (token, expert) pairs
   double median_us = 0, min_us = 0, tflops = 0;
   double ratio_to_first = 0;  // this backend's time / the first backend's time, same tokens
+  double floor_us = 0, ratio_to_floor = 0;  // see the NOTES above
   bool checked = false, check_passed = false;
   double check_rel_l2 = 0, check_max_abs = 0;
 };
@@ -69,6 +74,8 @@ struct LayerCaseResult {
 // prints one line per case as it finishes.
 std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& options);
 void print_layer_table(const LayerBenchOptions& options, const std::vector<LayerCaseResult>& results);
+// Per-rank floor in µs (see the NOTES above) for `rows` routed pairs and `touched_experts` local experts.
+double layer_floor_us(const LayerShape& shape, WeightFormat format, int64_t rows, int touched_experts);
 nlohmann::json layer_results_json(const LayerBenchOptions& options, const std::vector<LayerCaseResult>& results);
 
 }  // namespace megamoe::bench

@@ -35,7 +35,7 @@ if [ "${BENCH:-1}" = 1 ]; then
        '$cli' bench gemm --format mxfp4 --models dsv3 qwen3-30b --rows $rows --json '$out/bench_gemm_mxfp4.json'"
   step bench_ep 90 "$cli" bench ep --ranks 2 --tokens 4096 --hidden 7168 --top-k 8 --experts 256 --iters 20 \
        --json "$out/bench_ep_4096.json"
-  step bench_layer 200 "$cli" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block \
+  step bench_layer 200 "$cli" bench layer --backend staged,mega --ranks 2 --preset dsv3 --format fp8_block \
        --tokens 128,2048,8192 --iters 10 --json "$out/bench_layer_dsv3.json"
   step bench_layer_bf16 120 "$cli" bench layer --backend reference,staged --check --preset qwen3-30b --format bf16 \
        --tokens 32 --iters 3 --json "$out/bench_layer_bf16.json"

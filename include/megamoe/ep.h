@@ -45,7 +45,9 @@ struct SymmetricBuffer {
 };
 
 // Phases named in bounded-wait errors.
-enum class EpPhase : int32_t { kNone = 0, kBarrier = 1, kDispatch = 2, kCombine = 3, kInvalidInput = 4 };
+// kExpertCompute: a fused kernel's wait on its own CTAs (rows gathered, GEMM-1 tiles done); it only
+// expires when the kernel itself is broken or the group already failed.
+enum class EpPhase : int32_t { kNone = 0, kBarrier = 1, kDispatch = 2, kCombine = 3, kInvalidInput = 4, kExpertCompute = 5 };
 const char* ep_phase_name(EpPhase phase);
 
 // What a kernel writes when a bounded wait expires (or when it meets invalid device-side input).

@@ -24,6 +24,7 @@ const char* ep_phase_name(EpPhase phase) {
     case EpPhase::kDispatch: return "dispatch";
     case EpPhase::kCombine: return "combine";
     case EpPhase::kInvalidInput: return "input validation";
+    case EpPhase::kExpertCompute: return "expert compute";
   }
   return "unknown";
 }

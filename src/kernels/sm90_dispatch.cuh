@@ -126,40 +126,6 @@ __global__ void __launch_bounds__(kEpLayoutThreads) ep_layout_kernel(EpParams p)
   }
 }
 
-// Quantizes 16 consecutive BF16 channels (one lane's share; 8 lanes = one 128-channel group) exactly
-// like formats::quantize_fp8_activations. All 32 lanes must call it (shuffles).
-__device__ __forceinline__ uint4 quantize16_fp8(const uint4& lo, const uint4& hi, float* scale_out) {
-  const __nv_bfloat16* v_lo = reinterpret_cast<const __nv_bfloat16*>(&lo);
-  const __nv_bfloat16* v_hi = reinterpret_cast<const __nv_bfloat16*>(&hi);
-  float v[16];
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    v[i] = __bfloat162float(v_lo[i]);
-    v[8 + i] = __bfloat162float(v_hi[i]);
-  }
-#pragma unroll
-  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-  amax = fmaxf(amax, 1e-10f);  // formats::kFp8ScaleEps
-  const float scale = __fdiv_rn(amax, 448.0f);
-  uint32_t packed[4];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t word = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn(v[4 * w + b], scale), __NV_SATFINITE, __NV_E4M3);
-      word |= static_cast<uint32_t>(q) << (8 * b);
-    }
-    packed[w] = word;
-  }
-  *scale_out = scale;
-  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-}
-
 // Grid kEpSendBlocks x (32 * kEpWarpsPerBlock). One warp per token: each lane owns 16 consecutive
 // channels per step (8 lanes = one 128-channel scale group), quantizes them (fp8) and stores 16 B to
 // every destination rank's receive row. Loads of kSendBatch steps are issued before any store (the

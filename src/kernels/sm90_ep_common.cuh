@@ -65,6 +65,88 @@ inline DispatchLayout make_dispatch_layout(const EpDispatchConfig& c, int ranks)
   return l;
 }
 
+// Warp-cooperative copy of n 16-byte words. NOTES: 8 loads are issued before their 8 stores so each
+// lane keeps 8 requests in flight (a plain load->store loop serialises on possible aliasing).
+__device__ __forceinline__ void warp_copy16(uint4* __restrict__ dst, const uint4* __restrict__ src, int n, int lane) {
+  constexpr int kBatch = 8;
+  for (int base = 0; base < n; base += 32 * kBatch) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = base + u * 32 + lane;
+      if (c < n) v[u] = src[c];
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = base + u * 32 + lane;
+      if (c < n) dst[c] = v[u];
+    }
+  }
+}
+
+// Warp-cooperative FP8 quantization of one BF16 row chunk: every lane holds 16 consecutive channels
+// (lo = channels 0..7, hi = 8..15); 8 consecutive lanes form one 128-channel scale group. All 32 lanes
+// must call it (shuffles). Rule of formats::quantize_fp8_activations: scale = max(amax, 1e-10) / 448
+// (IEEE division), q = e4m3_rn_sat(x / scale).
+__device__ __forceinline__ uint4 quantize16_fp8(const uint4& lo, const uint4& hi, float* scale_out) {
+  const __nv_bfloat16* v_lo = reinterpret_cast<const __nv_bfloat16*>(&lo);
+  const __nv_bfloat16* v_hi = reinterpret_cast<const __nv_bfloat16*>(&hi);
+  float v[16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[i] = __bfloat162float(v_lo[i]);
+    v[8 + i] = __bfloat162float(v_hi[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+  amax = fmaxf(amax, 1e-10f);  // formats::kFp8ScaleEps
+  const float scale = __fdiv_rn(amax, 448.0f);
+  uint32_t packed[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn(v[4 * w + b], scale), __NV_SATFINITE, __NV_E4M3);
+      word |= static_cast<uint32_t>(q) << (8 * b);
+    }
+    packed[w] = word;
+  }
+  *scale_out = scale;
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
+// One warp reduces one token's top-k expert outputs in fixed slot order:
+//   acc = 0; for j in 0..k-1: if ids[j] >= 0: acc = fmaf(w_j, y_j, acc);  out = bf16_rn(acc)
+// with w_j = weights[j] (or 1 when apply_weights is false) and y_j = rows[j * H ...] (bf16).
+// NOTES: rows are read with ld.global.cg: peers wrote them over NVLink during this or the previous
+// kernel, and L2 is the point of coherence.
+__device__ __forceinline__ void reduce_topk_row(const __nv_bfloat16* rows, const int32_t* ids, const float* weights,
+                                                int k, int H, bool apply_weights, __nv_bfloat16* out, int lane) {
+  for (int c = lane; c < H / 8; c += 32) {
+    float acc[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      if (ids[j] < 0) continue;
+      const float w = apply_weights ? weights[j] : 1.0f;
+      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(rows + static_cast<size_t>(j) * H) + c);
+      const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, __bfloat162float(y[i]), acc[i]);
+    }
+    uint4 packed;
+    __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = __float2bfloat16_rn(acc[i]);
+    reinterpret_cast<uint4*>(out)[c] = packed;
+  }
+}
+
 struct EpParams {
   EpDeviceContext ctx;
   std::array<char*, kMaxEpRanks> window;  // every rank's dispatch window base, mapped here

@@ -15,6 +15,7 @@
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
+#include "moe/packed_weights.h"
 #include "moe/staged_backend.h"
 
 namespace megamoe {
@@ -122,9 +123,6 @@ class StagedBackend final : public MoeBackend {
       copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_, kernels::GemmRole::kDown);
     }
     loaded_[local_expert] = true;
-    // NOTES: cudaMemcpy from pageable memory may return before the DMA lands; forward() runs on a
-    // possibly non-blocking stream.
-    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void load_shared_expert(const ExpertWeights&) override {
     MEGAMOE_FAIL("backend staged: shared experts are not supported (Capabilities::supports_shared_expert = false)");
@@ -262,22 +260,7 @@ class StagedBackend final : public MoeBackend {
   }
   void copy_matrix(const char* field, const formats::QuantizedMatrix& m, int64_t rows, int64_t cols, int expert,
                    void* data, float* scales, kernels::GemmRole role) {
-    MEGAMOE_CHECK(m.format == config_.weight_format, field, ".format = ", weight_format_name(m.format),
-                  " but the config says ", weight_format_name(config_.weight_format));
-    MEGAMOE_CHECK(m.rows == rows && m.cols == cols, field, ": expected [", rows, ", ", cols, "], got [", m.rows,
-                  ", ", m.cols, "]");
-    const size_t bytes = static_cast<size_t>(rows) * cols * (fp8_ ? 1 : 2);
-    MEGAMOE_CHECK(m.data.size() == bytes, field, ".data has ", m.data.size(), " bytes, expected ", bytes);
-    // The grouped GEMM's packed layout (W13 gate/up interleaved by 128 rows), made once here.
-    const kernels::PackedWeightSize packed = kernels::packed_weight_bytes(m.format, rows, cols);
-    std::vector<uint8_t> packed_data(packed.data_bytes);
-    std::vector<float> packed_scales(packed.scale_count);
-    kernels::pack_expert_weights(m, role, packed_data.data(), packed.scale_count ? packed_scales.data() : nullptr);
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + packed.data_bytes * expert, packed_data.data(),
-                                  packed.data_bytes, cudaMemcpyHostToDevice));
-    if (packed.scale_count)  // bf16 has none
-      MEGAMOE_CUDA_CHECK(cudaMemcpy(scales + packed.scale_count * expert, packed_scales.data(),
-                                    packed.scale_count * sizeof(float), cudaMemcpyHostToDevice));
+    upload_packed_expert(field, m, config_.weight_format, rows, cols, expert, role, data, scales);
   }
 
   // W4A8: the kernel layout of grouped_gemm.h ("W4A8"), made once here.

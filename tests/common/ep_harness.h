@@ -589,21 +589,32 @@ inline Comparison compare_outputs(const std::vector<uint16_t>& got, const std::v
 // is one E4M3 step, 1/16..1/8 relative), so 1e-2 as the grouped-GEMM tests; BF16 2e-3.
 inline double rel_l2_budget(WeightFormat f) { return f == WeightFormat::kBf16 ? 2e-3 : 1e-2; }
 
-// Runs the staged backend on this rank against the host reference; with graph_replay also captures
-// the forward into a CUDA graph and checks that three replays reproduce the eager output bit for bit.
-inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t stream, bool graph_replay) {
+// What run_backend_case checks beyond the reference comparison.
+struct BackendCaseOptions {
+  bool graph_replay = false;  // capture one forward into a CUDA graph; 3 replays == the eager output
+  int repeats = 0;            // further eager forwards that must reproduce the first bit for bit
+  const char* compare_with = nullptr;  // another backend run on the same inputs: both within budget, and
+                                       // the number of differing elements is printed
+};
+
+// Runs backend `name` on this rank against the host reference (rel-L2 AND elementwise bound).
+// Returns the output (bf16 bits).
+inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& group, const LayerCase& lc,
+                                              cudaStream_t stream, const BackendCaseOptions& options = {}) {
   const MoeConfig& c = lc.config;
   const int R = group.size(), me = group.rank();
-  SCOPED_TRACE(::testing::Message() << "rank " << me << " format " << weight_format_name(c.weight_format) << " routing "
-                                    << routing_name(lc.routing) << " seed " << lc.seed);
+  SCOPED_TRACE(::testing::Message() << "backend " << name << " rank " << me << " format "
+                                    << weight_format_name(c.weight_format) << " routing " << routing_name(lc.routing)
+                                    << " seed " << lc.seed);
   const auto experts = make_experts(c, lc.seed);
-  auto backend = make_staged_backend(c, &group);
+  auto backend = make_backend(name, c, &group);
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(stream);
   const RankInputs in = make_rank_inputs(lc.seed, me, lc.tokens_per_rank[me], c.hidden, c.num_experts, c.top_k, R, lc.routing);
   DeviceInputs dev(in, c.hidden, c.top_k);
-  poison_device_buffer(dev.out, static_cast<size_t>(in.tokens) * c.hidden * 2, 0xFF, stream);
+  const size_t out_bytes = static_cast<size_t>(in.tokens) * c.hidden * 2;
+  poison_device_buffer(dev.out, out_bytes, 0xFF, stream);
   MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
   MoeOutputs outputs{dev.out_view()};
   backend->forward(inputs, outputs, stream);
@@ -614,9 +625,15 @@ inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t st
   const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
   EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
-  std::printf("[staged] rank %d %s %s T=%d rel_l2=%.3g\n", me, std::string(weight_format_name(c.weight_format)).c_str(),
-              routing_name(lc.routing), in.tokens, cmp.rel_l2);
-  if (graph_replay) {
+  std::printf("[%s] rank %d %s %s T=%d rel_l2=%.3g\n", name.c_str(), me,
+              std::string(weight_format_name(c.weight_format)).c_str(), routing_name(lc.routing), in.tokens, cmp.rel_l2);
+  for (int repeat = 0; repeat < options.repeats; ++repeat) {
+    poison_device_buffer(dev.out, out_bytes, 0xFF, stream);
+    backend->forward(inputs, outputs, stream);
+    group.synchronize(stream);
+    EXPECT_TRUE(dev.download_out() == got) << "repeat " << repeat << " differs from the first forward (not deterministic)";
+  }
+  if (options.graph_replay) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     MEGAMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -624,7 +641,7 @@ inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t st
     MEGAMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     MEGAMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int replay = 0; replay < 3; ++replay) {
-      poison_device_buffer(dev.out, static_cast<size_t>(in.tokens) * c.hidden * 2, 0xFF, stream);
+      poison_device_buffer(dev.out, out_bytes, 0xFF, stream);
       MEGAMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
       group.synchronize(stream);
       EXPECT_TRUE(dev.download_out() == got) << "graph replay " << replay << " differs from the eager forward";
@@ -635,6 +652,22 @@ inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t st
   backend->destroy();
   backend->destroy();  // idempotent
   EXPECT_THROW(backend->forward(inputs, outputs, stream), Error);
+  if (options.compare_with) {
+    BackendCaseOptions plain;
+    const auto other = run_backend_case(options.compare_with, group, lc, stream, plain);
+    int64_t differing = 0;
+    for (size_t i = 0; i < got.size(); ++i) differing += got[i] != other[i];
+    std::printf("[%s vs %s] rank %d: %lld of %zu elements differ\n", name.c_str(), options.compare_with, me,
+                static_cast<long long>(differing), got.size());
+  }
+  return got;
+}
+
+// The staged backend: run_backend_case with an optional graph replay.
+inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t stream, bool graph_replay) {
+  BackendCaseOptions options;
+  options.graph_replay = graph_replay;
+  run_backend_case("staged", group, lc, stream, options);
 }
 
 }  // namespace megamoe::testing

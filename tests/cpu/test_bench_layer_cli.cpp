@@ -61,6 +61,13 @@ TEST(BenchLayerCli, TinyReferenceRunsChecksAndWritesJson) {
   EXPECT_GT(c["median_us"].get<double>(), 0.0);
   EXPECT_GT(c["tflops"].get<double>(), 0.0);
   EXPECT_TRUE(c["check"]["passed"].get<bool>());
+  // Floor: 64 tokens hit all 8 experts of the one rank almost surely; weights dominate at this size:
+  // 8 * 3 * 256 * 128 FP8 bytes (+ scales) over 4.2 TB/s.
+  const double floor_us = c["floor_us"].get<double>();
+  EXPECT_GT(floor_us, 0.0);
+  EXPECT_LE(floor_us, 8 * 3 * 256 * 128 * (1.0 + 4.0 / 16384) / 4.2e12 * 1e6 * (1 + 1e-9));
+  EXPECT_NEAR(c["ratio_to_floor"].get<double>(), c["median_us"].get<double>() / floor_us, 1e-6 * c["ratio_to_floor"].get<double>());
+  EXPECT_NE(run.output.find("vs floor"), std::string::npos) << run.output;
   EXPECT_EQ(j["cases"][3]["backend"], "reference_fp32");
   EXPECT_TRUE(j["cases"][3]["check"]["passed"].get<bool>());
 }

@@ -67,7 +67,7 @@ int run_layer(const LayerArgs& a) {
 
 }  // namespace
 
-MEGAMOE_SUBCOMMAND("bench", "layer", "time one MoE layer forward on one or more backends (ratios to the first)",
+MEGAMOE_SUBCOMMAND("bench", "layer", "time one MoE layer forward on one or more backends (ratios to the first and to the floor)",
                    [](CLI::App& app) -> std::function<int()> {
                      auto args = std::make_shared<LayerArgs>();
                      app.add_option("--preset", args->preset,
@@ -83,7 +83,7 @@ MEGAMOE_SUBCOMMAND("bench", "layer", "time one MoE layer forward on one or more 
                      app.add_option("--tokens", args->tokens, "tokens per rank, a list (default 64 for tiny, else 128)")
                          ->delimiter(',');
                      app.add_option("--routing", args->routing, "uniform | zipf | one-rank (default uniform)");
-                     app.add_option("--backend", args->backends, "backends to run side by side, a list (default reference)")
+                     app.add_option("--backend", args->backends, "backends to run side by side, a list: reference, staged, mega (default reference)")
                          ->delimiter(',');
                      app.add_option("--ranks", args->ranks, "expert-parallel ranks: one process per GPU via the launcher (default 1)");
                      app.add_flag("--check", args->check, "compare every backend against reference first");

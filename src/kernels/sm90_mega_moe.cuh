@@ -1,0 +1,551 @@
+// MegaMoE, FP8-block weights, sm_90a: ONE persistent kernel per forward does quantize + dispatch
+// (pull), GEMM 1 (+ SwiGLU + optional top-k weight + FP8 requant), GEMM 2 with its BF16 rows stored
+// straight into the source rank's combine slots over NVLink, and the fixed-order top-k reduction.
+// Launcher at the bottom; the typed API is src/moe/mega_backend.cu; design and buffers: docs/mega.md.
+//
+// Phases of one CTA (grid = one CTA per SM, all co-resident: cooperative launch):
+//   1 quantize   all 12 warps: this rank's tokens -> FP8 + scales + sanitized ids/weights into this
+//                rank's OWN symmetric window (src_*), per-global-expert counts (src_expert_counts),
+//                per-owner-rank slot counts (expected_from). The last CTA to finish publishes
+//                ready[me] = epoch + 1 on every rank (release, system scope).
+//   2 offsets    thread 0 waits (bounded) for ready from every rank; every CTA sums the peers' counts
+//                of its local experts into expert offsets + the m-tile table (shared memory).
+//   3 pull       all warps: warp per (sender, token) reads the sender's ids over NVLink and copies the
+//                token once into a grouped row per local expert it selected (row = offset[e] +
+//                atomic cursor[e]), bumping arrived[e] per row (release, gpu scope). The last CTA to
+//                finish tells every sender pulled[me] = epoch + 1.
+//   4 GEMMs      warp-specialized as the grouped GEMM (sm90_fp8_grouped_gemm.cuh, same device code):
+//                all GEMM-1 tiles, then all GEMM-2 tiles (decode_mega_tile); CTA b takes tiles b,
+//                b + grid, ...
+//                A GEMM-1 tile of expert e starts when arrived[e] == rows(e); a GEMM-2 tile of m-tile m
+//                starts when gemm1_done[m] == I/128 (all GEMM-1 n-tiles of those rows). The GEMM-2
+//                epilogue writes BF16 straight into combine_rows of the row's source rank (peer
+//                pointer) and adds the tile's rows to combine_pieces[me] on that rank.
+//   5 reduce     math warps: wait (bounded) until combine_pieces[r] == expected_from[r] * H/256 for
+//                every rank r, then out[t] = bf16(sum_j fmaf(w_j, y_j)) in slot order (deterministic).
+//   6 cleanup    the last CTA to finish waits for pulled[s] from every rank s (my src_* may then be
+//                overwritten), zeroes every local counter it used and bumps the epoch.
+//
+// NOTES:
+// - Graph safety: cross-rank flags (ready, pulled) are monotonic epoch values (epoch = forwards so
+//   far, in device memory, bumped by the kernel); every other counter is zeroed by the kernel's
+//   last CTA after its last reader is done, so the next launch (or graph replay) starts from zero.
+// - Deadlock freedom: no CTA waits inside phases 1 and 3; GEMM-1 tiles depend only on phase 3 of all
+//   CTAs, GEMM-2 tiles only on GEMM-1 tiles placed earlier in the tile sequence (decode_mega_tile);
+//   cross-rank waits (ready, combine pieces, pulled) depend only on the peers' earlier phases.
+// - Memory ordering: writers store, then fence (proxy.async for data that TMA reads, then
+//   __threadfence / __threadfence_system), then bump a counter with red.release; readers acquire the
+//   counter (ld.acquire.sys) and, before TMA, fence.proxy.async. Data written during the kernel by
+//   other CTAs (scales, row weights, row sources, combine rows) is read with ld.global.cg, never
+//   through the non-coherent read-only path.
+// - Waits on this rank's own CTAs (arrived, gemm1_done) never give up the pipeline: on timeout (or
+//   when the group already failed) they record the error and proceed, so producer and math
+//   warpgroups stay in lockstep and the kernel ends; the host then raises the (rank, phase) error.
+// - Reuse of the windows across forwards: a peer writes my combine_rows / reads my src_* of forward
+//   N+1 only after my ready of N+1, which I publish after my forward N finished; I overwrite my src_*
+//   only after every peer's pulled of N.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "kernels/sm90_ep_common.cuh"
+#include "kernels/sm90_fp8_grouped_gemm.cuh"
+#include "megamoe/error_cuda.h"
+
+namespace megamoe::kernels {
+
+// Byte offsets of the regions of one rank's mega window (identical on every rank), each 256-aligned.
+// C = max tokens per rank, H = hidden, S = H / 128, k = top_k, E = global experts:
+//   ready              u64 [kMaxEpRanks]  ready[s] = epoch + 1 once rank s's src_* of this forward are complete
+//   pulled             u64 [kMaxEpRanks]  pulled[s] = epoch + 1 once rank s finished reading my src_*
+//   combine_pieces     u64 [kMaxEpRanks]  (row, 256-column tile) pieces rank s wrote into my combine_rows
+//   src_count          i32                my T of this forward
+//   src_expert_counts  i32 [E]            my valid (token, slot) pairs per global expert
+//   src_x              e4m3 [C, H]        my tokens, quantized per 128 channels
+//   src_scales         f32 [C, S]
+//   src_ids            i32 [C, k]         sanitized ids (invalid -> -1)
+//   src_weights        f32 [C, k]
+//   combine_rows       bf16 [C * k, H]    row t*k + j = expert output of my token t, slot j
+// Total ~ C*(H + 4S + 8k + 2kH) + 4E + 1.3 KiB.
+struct MegaMoeLayout {
+  size_t ready, pulled, combine_pieces, src_count, src_expert_counts, src_x, src_scales, src_ids, src_weights,
+      combine_rows, total;
+};
+
+inline MegaMoeLayout make_mega_moe_layout(int capacity, int hidden, int top_k, int num_experts) {
+  auto align = [](size_t v) { return (v + 255) / 256 * 256; };
+  const size_t C = static_cast<size_t>(capacity), H = hidden, k = top_k;
+  MegaMoeLayout l{};
+  size_t at = 0;
+  l.ready = at; at = align(at + 8 * kMaxEpRanks);
+  l.pulled = at; at = align(at + 8 * kMaxEpRanks);
+  l.combine_pieces = at; at = align(at + 8 * kMaxEpRanks);
+  l.src_count = at; at = align(at + 4);
+  l.src_expert_counts = at; at = align(at + 4 * static_cast<size_t>(num_experts));
+  l.src_x = at; at = align(at + C * H);
+  l.src_scales = at; at = align(at + C * (H / kEpScaleGroup) * 4);
+  l.src_ids = at; at = align(at + C * k * 4);
+  l.src_weights = at; at = align(at + C * k * 4);
+  l.combine_rows = at; at = align(at + C * k * H * 2);
+  l.total = at;
+  return l;
+}
+
+struct MegaMoeParams {
+  EpDeviceContext ctx;
+  std::array<char*, kMaxEpRanks> window;  // every rank's mega window, mapped here
+  MegaMoeLayout layout;
+  int hidden, intermediate, top_k, num_experts, experts_per_rank, capacity, num_tokens;
+  int activation;  // 0 = SiLU * up, 1 = clamped SwiGLU
+  float limit, alpha;
+  bool apply_topk_in_fc1;
+  // this rank's inputs and output
+  const __nv_bfloat16* hidden_in;
+  const int32_t* topk_ids;
+  const float* topk_weights;
+  __nv_bfloat16* out;
+  // packed weight scales (the data goes through the tensor maps)
+  const float* w13_scales;  // [E_local, 2I/128, H/128]
+  const float* w2_scales;   // [E_local, H/128, I/128]
+  // local state (device memory), zero between forwards
+  uint64_t* epoch;             // forwards so far
+  uint32_t* ctas_quantized;    // CTAs past phase 1
+  uint32_t* ctas_gathered;     // CTAs past phase 3
+  uint32_t* ctas_finished;     // CTAs past phase 5
+  uint32_t* expected_from;     // [kMaxEpRanks] my valid slots whose expert lives on rank r
+  int32_t* cursors;            // [E_local] grouped rows handed out per local expert
+  uint64_t* arrived;           // [E_local] grouped rows complete per local expert
+  uint64_t* gemm1_done;        // [max_m_tiles] GEMM-1 n-tiles complete per m-tile
+  int max_m_tiles;
+  // grouped rows (local)
+  uint8_t* grouped_x;          // [max_rows, H] e4m3
+  float* grouped_scales;       // [max_rows, S]
+  RowSource* sources;          // [max_rows]
+  float* row_weights;          // [max_rows]
+  uint8_t* act;                // [max_rows, I] e4m3
+  float* act_scales;           // [max_rows, I/128]
+  int64_t max_rows;
+
+  template <typename T>
+  __device__ __forceinline__ T* region(int rank, size_t offset) const {
+    return reinterpret_cast<T*>(window[rank] + offset);
+  }
+};
+
+namespace mega_detail {
+
+// Tile sequence of step 4: all GEMM-1 tiles (m-tile major, n-tile fastest), then all GEMM-2 tiles.
+// NOTES:
+// - Every GEMM-2 tile comes after all GEMM-1 tiles it depends on, and every CTA runs its tiles in
+//   increasing order: the lowest unfinished tile can always run, so the waits cannot deadlock. Any
+//   reordering must keep that property.
+// - Measured (docs/mega.md): interleaving GEMM-2 tiles of group g-1 after the GEMM-1 tiles of group g
+//   (groups of 8 m-tiles) was 5-14% slower on dsv3 than this order (GEMM-2 tiles then wait on GEMM-1
+//   tiles issued one wave earlier).
+struct MegaTile {
+  bool gemm2;
+  int m_tile, n_tile;
+};
+__device__ __forceinline__ MegaTile decode_mega_tile(int index, int m_tiles, int n1_tiles, int n2_tiles) {
+  const int gemm1_tiles = m_tiles * n1_tiles;
+  if (index < gemm1_tiles) return {false, index / n1_tiles, index % n1_tiles};
+  index -= gemm1_tiles;
+  return {true, index / n2_tiles, index % n2_tiles};
+}
+
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// Wait on this rank's own CTAs: see NOTES (proceeds after recording a timeout).
+__device__ __forceinline__ void wait_local_geq(const EpDeviceContext& ctx, const uint64_t* flag, uint64_t target) {
+  if (ep_device::load_acquire_sys(flag) >= target) return;
+  const uint64_t start = ep_device::globaltimer_ns();
+  uint32_t polls = 0;
+  while (ep_device::load_acquire_sys(flag) < target) {
+    if ((++polls & 63u) == 0) {
+      if (ep_device::group_failed(ctx)) return;
+      const uint64_t waited = ep_device::globaltimer_ns() - start;
+      if (waited > ctx.wait_timeout_ns) {
+        ep_device::record_error(ctx, 1u, EpPhase::kExpertCompute, ctx.rank, waited);
+        return;
+      }
+    }
+  }
+}
+
+// "Last CTA" pattern: every CTA's thread 0 calls it once after a __syncthreads(); returns true in the
+// last one, after resetting the counter. Its own and (through the fences) every other CTA's earlier
+// writes are visible at system scope to whatever the last CTA publishes next.
+__device__ __forceinline__ bool last_cta_arrives(uint32_t* counter) {
+  __threadfence_system();
+  if (atomicAdd(counter, 1u) != gridDim.x - 1) return false;
+  *counter = 0;
+  __threadfence_system();
+  return true;
+}
+
+// Phase 1, one warp per token.
+__device__ inline void quantize_own_tokens(const MegaMoeParams& p, uint32_t* expected_counts_lane) {
+  const int lane = threadIdx.x & 31;
+  const int warps = blockDim.x / 32;
+  const int warp_global = blockIdx.x * warps + static_cast<int>(threadIdx.x) / 32;
+  const int me = p.ctx.rank, R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = H / kEpScaleGroup;
+  uint8_t* src_x = p.region<uint8_t>(me, p.layout.src_x);
+  float* src_scales = p.region<float>(me, p.layout.src_scales);
+  int32_t* src_ids = p.region<int32_t>(me, p.layout.src_ids);
+  float* src_weights = p.region<float>(me, p.layout.src_weights);
+  int32_t* expert_counts = p.region<int32_t>(me, p.layout.src_expert_counts);
+  for (int t = warp_global; t < p.num_tokens; t += gridDim.x * warps) {
+    int owner = -1;  // k <= 32: lane j handles slot j
+    if (lane < k) {
+      const size_t slot = static_cast<size_t>(t) * k + lane;
+      int id = p.topk_ids[slot];
+      if (id < -1 || id >= p.num_experts) {
+        ep_device::record_error(p.ctx, 2u, EpPhase::kInvalidInput, id, 0, /*fail_group=*/false);
+        id = -1;
+      }
+      src_ids[slot] = id;
+      src_weights[slot] = p.topk_weights[slot];
+      if (id >= 0) {
+        atomicAdd(expert_counts + id, 1);
+        owner = id / p.experts_per_rank;
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int n = __popc(__ballot_sync(0xffffffffu, owner == r));
+      if (lane == r) *expected_counts_lane += n;  // lane r accumulates rank r's count
+    }
+    const uint4* src = reinterpret_cast<const uint4*>(p.hidden_in + static_cast<size_t>(t) * H);
+    const int chunks = H / 16;
+    for (int c0 = 0; c0 < chunks; c0 += 32) {
+      const int c = c0 + lane;
+      const bool active = c < chunks;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (active) {
+        lo = __ldg(src + 2 * c);
+        hi = __ldg(src + 2 * c + 1);
+      }
+      float scale = 0.0f;
+      const uint4 q = quantize16_fp8(lo, hi, &scale);
+      if (active) {
+        reinterpret_cast<uint4*>(src_x + static_cast<size_t>(t) * H)[c] = q;
+        if ((lane & 7) == 0) src_scales[static_cast<size_t>(t) * S + c / 8] = scale;
+      }
+    }
+  }
+}
+
+// Phase 3, one warp per (sender, token). `offsets` = expert offsets in shared memory, `tokens_of` = T per sender.
+__device__ inline void pull_tokens(const MegaMoeParams& p, const int* offsets, const int* tokens_of) {
+  const int lane = threadIdx.x & 31;
+  const int warps = blockDim.x / 32;
+  const int warp_global = blockIdx.x * warps + static_cast<int>(threadIdx.x) / 32;
+  const int R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = H / kEpScaleGroup;
+  const int first = p.ctx.rank * p.experts_per_rank;
+  int total = 0;
+  for (int s = 0; s < R; ++s) total += tokens_of[s];
+  for (int g = warp_global; g < total; g += gridDim.x * warps) {
+    int s = 0, t = g;
+    while (t >= tokens_of[s]) t -= tokens_of[s++];
+    const int32_t* ids = p.region<int32_t>(s, p.layout.src_ids) + static_cast<size_t>(t) * k;
+    const float* weights = p.region<float>(s, p.layout.src_weights) + static_cast<size_t>(t) * k;
+    // k <= 32: lane j holds slot j.
+    const int local = lane < k ? __ldcg(ids + lane) - first : -1;
+    const float weight = lane < k ? __ldcg(weights + lane) : 0.0f;
+    unsigned mask = __ballot_sync(0xffffffffu, local >= 0 && local < p.experts_per_rank);
+    const uint4* x_src = reinterpret_cast<const uint4*>(p.region<uint8_t>(s, p.layout.src_x) + static_cast<size_t>(t) * H);
+    const float* scale_src = p.region<float>(s, p.layout.src_scales) + static_cast<size_t>(t) * S;
+    while (mask) {
+      const int j = __ffs(mask) - 1;
+      mask &= mask - 1;
+      const int e = __shfl_sync(0xffffffffu, local, j);
+      const float w = __shfl_sync(0xffffffffu, weight, j);
+      int row = 0;
+      if (lane == 0) row = offsets[e] + atomicAdd(p.cursors + e, 1);
+      row = __shfl_sync(0xffffffffu, row, 0);
+      if (row >= offsets[e + 1] || row >= p.max_rows) continue;  // only when a peer sent corrupt counts
+      uint4* x_dst = reinterpret_cast<uint4*>(p.grouped_x + static_cast<size_t>(row) * H);
+      float* scale_dst = p.grouped_scales + static_cast<size_t>(row) * S;
+      // The first copy comes over NVLink; later copies of the same token read the first local copy.
+      warp_copy16(x_dst, x_src, H / 16, lane);
+      for (int i = lane; i < S; i += 32) scale_dst[i] = __ldcg(scale_src + i);
+      if (lane == 0) {
+        p.sources[row] = RowSource{s, t, j, w};
+        p.row_weights[row] = w;
+      }
+      x_src = x_dst;
+      scale_src = scale_dst;
+      fence_proxy_async_global();  // grouped_x is read by TMA (async proxy)
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) ep_device::add_release_sys(p.arrived + e, 1ull);
+    }
+  }
+}
+
+}  // namespace mega_detail
+
+// Dynamic shared memory: the grouped GEMM's (stages, SwiGLU exchange, barriers, tile table) plus the
+// expert offsets [E_local + 1].
+template <class Layout>
+constexpr int mega_moe_shared_bytes(int local_experts) {
+  return Layout::shared_bytes(local_experts) + 4 * (local_experts + 1);
+}
+
+template <class Layout>
+__global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
+    sm90_mega_moe_fp8_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w13_map,
+                             const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w2_map,
+                             const MegaMoeParams p) {
+  using namespace sm90;
+  using namespace mega_detail;
+  constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
+  static_assert(kBlockN == 256 && Layout::kWarpgroupsMValue == 1, "both GEMMs run split-N 256-column tiles");
+
+  extern __shared__ uint8_t shared_raw[];
+  const Fp8GemmShared<Layout> smem(shared_raw);
+  const int E = p.experts_per_rank;
+  const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), E);
+  int* offsets = reinterpret_cast<int*>(smem.table_base) + 3 * (E + 1);  // [E + 1]
+  __shared__ int tokens_of[kMaxEpRanks];
+  __shared__ int cta_flag;
+  __shared__ uint32_t expected_counts[kMaxEpRanks];
+
+  const int me = p.ctx.rank, R = p.ctx.ranks;
+  const uint64_t target = *p.epoch + 1;  // this forward's epoch value
+  if (threadIdx.x == 0) {
+    cta_flag = ep_device::group_failed(p.ctx) ? 0 : 1;
+    smem.init_barriers();
+    prefetch_tensor_map(&x_map);
+    prefetch_tensor_map(&w13_map);
+    prefetch_tensor_map(&act_map);
+    prefetch_tensor_map(&w2_map);
+  }
+  if (threadIdx.x < kMaxEpRanks) expected_counts[threadIdx.x] = 0;
+  __syncthreads();
+  if (!cta_flag) return;
+
+  // ---- 1: quantize this rank's tokens into its own window, publish ---------------------------------
+  {
+    uint32_t mine = 0;
+    quantize_own_tokens(p, &mine);
+    if ((threadIdx.x & 31) < R && mine) atomicAdd(&expected_counts[threadIdx.x & 31], mine);
+  }
+  __syncthreads();
+  if (threadIdx.x < R && expected_counts[threadIdx.x]) atomicAdd(p.expected_from + threadIdx.x, expected_counts[threadIdx.x]);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *p.region<int32_t>(me, p.layout.src_count) = p.num_tokens;
+  __syncthreads();
+  if (threadIdx.x == 0 && last_cta_arrives(p.ctas_quantized))
+    for (int r = 0; r < R; ++r) ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.ready) + me, target);
+
+  // ---- 2: every rank's tokens are ready: expert offsets and the tile table --------------------------
+  if (threadIdx.x == 0) {
+    int ok = 1;
+    const uint64_t* ready = p.region<uint64_t>(me, p.layout.ready);
+    for (int s = 0; s < R && ok; ++s)
+      if (!ep_device::bounded_wait_geq(p.ctx, ready + s, target, EpPhase::kDispatch, s)) ok = 0;
+    cta_flag = ok;
+  }
+  __syncthreads();
+  if (!cta_flag) return;
+  if (threadIdx.x < R) tokens_of[threadIdx.x] = __ldcg(p.region<int32_t>(threadIdx.x, p.layout.src_count));
+  if (threadIdx.x / 32 == 0) {  // warp 0: offsets[e] = rows of local experts < e (exclusive scan)
+    const int lane = threadIdx.x;
+    const int first = me * E;
+    int carry = 0;
+    for (int base = 0; base < E; base += 32) {
+      const int e = base + lane;
+      int rows = 0;
+      if (e < E)
+        for (int s = 0; s < R; ++s) rows += __ldcg(p.region<int32_t>(s, p.layout.src_expert_counts) + first + e);
+      int inclusive = rows;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int other = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += other;
+      }
+      if (e < E) offsets[e] = carry + inclusive - rows;
+      carry += __shfl_sync(0xffffffffu, inclusive, 31);
+    }
+    if (lane == 0) offsets[E] = carry;
+  }
+  __syncthreads();
+  if (threadIdx.x / 32 == 1) build_expert_tile_table<kBlockM>(table, offsets, E, static_cast<int>(p.max_rows));
+
+  // ---- 3: pull the tokens of my experts from every rank ---------------------------------------------
+  pull_tokens(p, offsets, tokens_of);
+  __syncthreads();  // also publishes the tile table
+  if (threadIdx.x == 0 && last_cta_arrives(p.ctas_gathered))
+    for (int s = 0; s < R; ++s) ep_device::store_release_sys(p.region<uint64_t>(s, p.layout.pulled) + me, target);
+
+  // ---- 4: GEMM 1 then GEMM 2 tiles -------------------------------------------------------------------
+  const int H = p.hidden, I = p.intermediate, k = p.top_k;
+  const int m_tiles = table.tile_prefix[E];
+  const int n1_tiles = 2 * I / kBlockN, n2_tiles = H / kBlockN;
+  const int k1_blocks = H / kBlockK, k2_blocks = I / kBlockK;
+  const int total_tiles = m_tiles * (n1_tiles + n2_tiles);
+  const int warpgroup = threadIdx.x / 128;
+  const int lane = threadIdx.x % 32;
+
+  if (warpgroup == 0) {
+    registers_decrease<kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    PipelineCursor<Layout::kStageCount> cursor;
+    int expert1 = 0, expert2 = 0, waited_expert = -1;
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const MegaTile task = decode_mega_tile(tile, m_tiles, n1_tiles, n2_tiles);
+      if (!task.gemm2) {
+        const TileCoordinates t = locate_tile(table, task.m_tile * n1_tiles + task.n_tile, n1_tiles, kBlockM, expert1);
+        if (waited_expert != expert1) {
+          wait_local_geq(p.ctx, p.arrived + expert1, static_cast<uint64_t>(offsets[expert1 + 1] - offsets[expert1]));
+          waited_expert = expert1;
+          fence_proxy_async_global();
+        }
+        produce_fp8_tile(smem, &x_map, &w13_map, t.m0, expert1 * 2 * I + t.n_tile * kBlockN, k1_blocks, cursor);
+      } else {
+        const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
+        wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
+        fence_proxy_async_global();
+        produce_fp8_tile(smem, &act_map, &w2_map, t.m0, expert2 * H + t.n_tile * kBlockN, k2_blocks, cursor);
+      }
+    }
+    return;
+  }
+
+  registers_increase<kMathRegisters>();
+  const int math_wg = warpgroup - 1;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int math_thread = threadIdx.x - 128;  // 0..255
+  const int row_in_tile = (thread_in_wg / 32) * 16 + lane / 4;
+  {
+    PipelineCursor<Layout::kStageCount> cursor;
+    int expert1 = 0, expert2 = 0;
+    float accumulator[Layout::kSubTiles][64];
+    float partial[64];
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const MegaTile task = decode_mega_tile(tile, m_tiles, n1_tiles, n2_tiles);
+      if (!task.gemm2) {
+        const TileCoordinates t = locate_tile(table, task.m_tile * n1_tiles + task.n_tile, n1_tiles, kBlockM, expert1);
+        // The scales and row weights of these rows come from other CTAs' phase 3.
+        if (lane == 0)
+          wait_local_geq(p.ctx, p.arrived + expert1, static_cast<uint64_t>(offsets[expert1 + 1] - offsets[expert1]));
+        __syncwarp();
+        const MathRows<Layout::kSubTiles> where(t.m0, t.m_end, row_in_tile);
+        const int n_block = t.n_tile * 2 + math_wg;
+        const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
+        fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.grouped_scales, b_scales, k1_blocks, 0,
+                                        math_wg, cursor);
+        swiglu_quant_fp8_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
+                                                p.apply_topk_in_fc1 ? p.row_weights : nullptr, p.act, p.act_scales,
+                                                p.activation, p.limit, p.alpha);
+        if (math_wg == 1) {  // the up warpgroup stored the tile
+          fence_proxy_async_global();  // act is read by TMA
+          __threadfence();
+          named_barrier_sync(2, 128);
+          if (thread_in_wg == 0) ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+        }
+      } else {
+        const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
+        if (lane == 0) wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
+        __syncwarp();
+        const MathRows<Layout::kSubTiles> where(t.m0, t.m_end, row_in_tile);
+        const int n_block = t.n_tile * 2 + math_wg;
+        const float* b_scales = p.w2_scales + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
+        fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.act_scales, b_scales, k2_blocks, 0,
+                                        math_wg, cursor);
+        store_bf16_epilogue_wide(accumulator, where, t.n_tile * kBlockN + math_wg * 128, [&](int row) {
+          const int4 raw = __ldcg(reinterpret_cast<const int4*>(p.sources + row));  // RowSource {rank, token, slot, w}
+          return p.region<__nv_bfloat16>(raw.x, p.layout.combine_rows) + (static_cast<size_t>(raw.y) * k + raw.z) * H;
+        });
+        __threadfence_system();
+        named_barrier_sync(3, 256);
+        if (math_wg == 0 && thread_in_wg < kBlockM) {  // one thread per tile row counts the pieces per rank
+          const int row = t.m0 + thread_in_wg;
+          const int rank = row < t.m_end ? __ldcg(&p.sources[row].rank) : -1;
+          for (int r = 0; r < R; ++r) {
+            const unsigned n = __popc(__ballot_sync(0xffffffffu, rank == r));
+            if (lane == 0 && n) ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.combine_pieces) + me, n);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- 5: every peer wrote its rows of my tokens: reduce --------------------------------------------
+  if (math_thread == 0) {
+    int ok = 1;
+    const uint64_t* pieces = p.region<uint64_t>(me, p.layout.combine_pieces);
+    for (int r = 0; r < R && ok; ++r) {
+      const uint64_t want = static_cast<uint64_t>(__ldcg(p.expected_from + r)) * n2_tiles;
+      if (!ep_device::bounded_wait_geq(p.ctx, pieces + r, want, EpPhase::kCombine, r)) ok = 0;
+    }
+    cta_flag = ok;
+  }
+  named_barrier_sync(4, 256);
+  if (cta_flag) {
+    const int math_warps = 8;
+    const int warp_global = blockIdx.x * math_warps + math_thread / 32;
+    const __nv_bfloat16* rows = p.region<__nv_bfloat16>(me, p.layout.combine_rows);
+    const int32_t* ids = p.region<int32_t>(me, p.layout.src_ids);
+    const float* weights = p.region<float>(me, p.layout.src_weights);
+    for (int t = warp_global; t < p.num_tokens; t += gridDim.x * math_warps)
+      reduce_topk_row(rows + static_cast<size_t>(t) * k * H, ids + static_cast<size_t>(t) * k,
+                      weights + static_cast<size_t>(t) * k, k, H, !p.apply_topk_in_fc1,
+                      p.out + static_cast<size_t>(t) * H, lane);
+  }
+
+  // ---- 6: the last CTA resets every counter of this forward ------------------------------------------
+  named_barrier_sync(4, 256);
+  if (math_thread == 0) {
+    cta_flag = last_cta_arrives(p.ctas_finished) ? 1 : 0;
+    if (cta_flag) {
+      // My src_* (and src_expert_counts) are free once every rank pulled; the group may have failed.
+      const uint64_t* pulled = p.region<uint64_t>(me, p.layout.pulled);
+      for (int s = 0; s < R; ++s)
+        if (!ep_device::bounded_wait_geq(p.ctx, pulled + s, target, EpPhase::kDispatch, s)) cta_flag = 0;
+    }
+  }
+  named_barrier_sync(4, 256);
+  if (!cta_flag) return;
+  int32_t* expert_counts = p.region<int32_t>(me, p.layout.src_expert_counts);
+  for (int e = math_thread; e < p.num_experts; e += 256) expert_counts[e] = 0;
+  for (int e = math_thread; e < E; e += 256) {
+    p.cursors[e] = 0;
+    p.arrived[e] = 0;
+  }
+  for (int m = math_thread; m < m_tiles; m += 256) p.gemm1_done[m] = 0;
+  if (math_thread < kMaxEpRanks) {
+    p.expected_from[math_thread] = 0;
+    p.region<uint64_t>(me, p.layout.combine_pieces)[math_thread] = 0;
+  }
+  __threadfence();
+  named_barrier_sync(4, 256);
+  if (math_thread == 0) *p.epoch = target;
+}
+
+// grid = SM count (one CTA per SM; the shared memory keeps it at one), cooperative so that all CTAs
+// are co-resident (they wait on each other). NOTES: while the stream is being captured into a graph
+// the launch is a plain one (a graph node then runs alone on the GPU with the same one-CTA-per-SM
+// grid, so co-residency holds as long as nothing else runs concurrently on other streams).
+template <class Layout>
+inline void launch_mega_moe_fp8(const CUtensorMap& x_map, const CUtensorMap& w13_map, const CUtensorMap& act_map,
+                                const CUtensorMap& w2_map, const MegaMoeParams& p, int ctas, cudaStream_t stream) {
+  auto* kernel = &sm90_mega_moe_fp8_kernel<Layout>;
+  const int shared_bytes = mega_moe_shared_bytes<Layout>(p.experts_per_rank);
+  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(ctas);
+  config.blockDim = dim3(sm90::kThreadsPerCta);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  MEGAMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeCooperative;
+  attribute.val.cooperative = 1;
+  config.attrs = &attribute;
+  config.numAttrs = capture == cudaStreamCaptureStatusNone ? 1 : 0;
+  MEGAMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x_map, w13_map, act_map, w2_map, p));
+}
+
+}  // namespace megamoe::kernels

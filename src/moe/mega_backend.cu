@@ -1,0 +1,247 @@
+// `mega` backend: the typed, validating layer over the fused MegaMoE kernel (sm90_mega_moe.cuh).
+// Host work per forward: shape/capacity checks and ONE launch (no allocation, no synchronisation).
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "backends/registry.h"
+#include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_internal.h"
+#include "kernels/sm90_mega_moe.cuh"
+#include "megamoe/ep.h"
+#include "megamoe/error_cuda.h"
+#include "moe/mega_backend.h"
+#include "moe/packed_weights.h"
+
+namespace megamoe {
+namespace {
+
+using kernels::MegaMoeParams;
+// Both GEMMs of one launch use the same BLOCK_M (one m-tile table, one gemm1_done counter per m-tile).
+using SmallTiles = kernels::sm90::GroupedGemmLayout<1, 1, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 64 x 256
+using LargeTiles = kernels::sm90::GroupedGemmLayout<1, 2, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 128 x 256
+
+class MegaBackend final : public MoeBackend {
+ public:
+  MegaBackend(const MoeConfig& config, EpGroup* ep) : config_(config) {
+    const int ranks = ep ? ep->size() : 1;
+    const std::string why = mega_reject_reason(config, ranks);
+    MEGAMOE_CHECK(why.empty(), "backend mega cannot run this configuration: ", why);
+    if (!ep) {
+      const auto path = std::filesystem::temp_directory_path() /
+                        ("megamoe-mega-" + std::to_string(getpid()) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
+      own_group_ = EpGroup::bootstrap(0, 1, "file:" + path.string());
+      std::filesystem::remove(path);
+      ep = own_group_.get();
+    }
+    ep_ = ep;
+    const int R = ep->size();
+    local_experts_ = config.num_experts / R;
+    first_expert_ = ep->rank() * local_experts_;
+    const int64_t H = config.hidden, I = config.intermediate, E = local_experts_, C = config.max_tokens_per_rank;
+    const int64_t k = config.top_k;
+    const int64_t max_rows = R * C * std::min<int64_t>(k, E);
+    MEGAMOE_CHECK(max_rows < (int64_t{1} << 31), "ranks * max_tokens_per_rank * min(top_k, local experts) = ", max_rows,
+                  " grouped rows must be < 2^31");
+
+    const kernels::MegaMoeLayout layout = kernels::make_mega_moe_layout(config.max_tokens_per_rank, config.hidden,
+                                                                         config.top_k, config.num_experts);
+    window_ = ep->allocate(layout.total);  // collective; zeroed
+
+    w13_ = alloc(E * 2 * I * H);
+    w2_ = alloc(E * H * I);
+    w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (2 * I / 128) * (H / 128)));
+    w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (H / 128) * (I / 128)));
+
+    MegaMoeParams& p = params_;
+    p.ctx = ep->device_context();
+    for (int r = 0; r < R; ++r) p.window[r] = static_cast<char*>(window_.peers[r]);
+    p.layout = layout;
+    p.hidden = config.hidden;
+    p.intermediate = config.intermediate;
+    p.top_k = config.top_k;
+    p.num_experts = config.num_experts;
+    p.experts_per_rank = local_experts_;
+    p.capacity = config.max_tokens_per_rank;
+    p.activation = config.activation.kind == Activation::Kind::kSwigluClamped ? 1 : 0;
+    p.limit = config.activation.limit;
+    p.alpha = config.activation.alpha;
+    p.apply_topk_in_fc1 = config.apply_topk_in_fc1;
+    p.w13_scales = w13_scales_;
+    p.w2_scales = w2_scales_;
+    p.epoch = static_cast<uint64_t*>(alloc(sizeof(uint64_t)));
+    p.ctas_quantized = static_cast<uint32_t*>(alloc(sizeof(uint32_t)));
+    p.ctas_gathered = static_cast<uint32_t*>(alloc(sizeof(uint32_t)));
+    p.ctas_finished = static_cast<uint32_t*>(alloc(sizeof(uint32_t)));
+    p.expected_from = static_cast<uint32_t*>(alloc(sizeof(uint32_t) * kMaxEpRanks));
+    p.cursors = static_cast<int32_t*>(alloc(sizeof(int32_t) * E));
+    p.arrived = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * E));
+    p.max_m_tiles = static_cast<int>((max_rows + SmallTiles::kBlockM - 1) / SmallTiles::kBlockM + E);
+    p.gemm1_done = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * p.max_m_tiles));
+    p.grouped_x = static_cast<uint8_t*>(alloc(max_rows * H));
+    p.grouped_scales = static_cast<float*>(alloc(sizeof(float) * max_rows * (H / 128)));
+    p.sources = static_cast<RowSource*>(alloc(sizeof(RowSource) * max_rows));
+    p.row_weights = static_cast<float*>(alloc(sizeof(float) * max_rows));
+    p.act = static_cast<uint8_t*>(alloc(max_rows * I));
+    p.act_scales = static_cast<float*>(alloc(sizeof(float) * max_rows * (I / 128)));
+    p.max_rows = max_rows;
+
+    using kernels::detail::make_grouped_gemm_tensor_map;
+    for (int v = 0; v < 2; ++v) {
+      const uint32_t block_m = v == 0 ? SmallTiles::kBlockM : LargeTiles::kBlockM;
+      maps_[v].x = make_grouped_gemm_tensor_map(p.grouped_x, H, max_rows, block_m);
+      maps_[v].act = make_grouped_gemm_tensor_map(p.act, I, max_rows, block_m);
+    }
+    w13_map_ = make_grouped_gemm_tensor_map(w13_, H, E * 2 * I, 256);
+    w2_map_ = make_grouped_gemm_tensor_map(w2_, I, E * H, 256);
+    int device = 0;
+    MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
+    MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&ctas_, cudaDevAttrMultiProcessorCount, device));
+    loaded_.assign(E, false);
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~MegaBackend() override {
+    try {
+      destroy();
+    } catch (...) {
+    }
+  }
+
+  std::string_view name() const override { return "mega"; }
+  Capabilities capabilities() const override { return mega_capabilities(); }
+  const MoeConfig& config() const override { return config_; }
+  int first_local_expert() const override { return first_expert_; }
+  int num_local_experts() const override { return local_experts_; }
+
+  void load_expert(int local_expert, const ExpertWeights& w) override {
+    require_alive("load_expert");
+    MEGAMOE_CHECK(local_expert >= 0 && local_expert < local_experts_, "local_expert = ", local_expert,
+                  " must be in [0, ", local_experts_, ")");
+    const int64_t H = config_.hidden, I = config_.intermediate;
+    upload_packed_expert("w13", w.w13, config_.weight_format, 2 * I, H, local_expert, kernels::GemmRole::kGateUp, w13_,
+                         w13_scales_);
+    upload_packed_expert("w2", w.w2, config_.weight_format, H, I, local_expert, kernels::GemmRole::kDown, w2_,
+                         w2_scales_);
+    loaded_[local_expert] = true;
+  }
+  void load_shared_expert(const ExpertWeights&) override {
+    MEGAMOE_FAIL("backend mega: shared experts are not supported (Capabilities::supports_shared_expert = false)");
+  }
+
+  void warmup(StreamHandle stream) override {
+    require_alive("warmup");
+    ep_->warmup(stream);
+    MoeInputs in;
+    in.hidden = TensorView::make2d(nullptr, DType::kBF16, 0, config_.hidden, Device::kCuda);
+    in.topk_ids = TensorView::make2d(nullptr, DType::kI32, 0, config_.top_k, Device::kCuda);
+    in.topk_weights = TensorView::make2d(nullptr, DType::kF32, 0, config_.top_k, Device::kCuda);
+    MoeOutputs out;
+    out.out = TensorView::make2d(nullptr, DType::kBF16, 0, config_.hidden, Device::kCuda);
+    forward(in, out, stream);  // zero tokens: every phase and every flag once
+    ep_->synchronize(stream);
+  }
+
+  void forward(const MoeInputs& in, MoeOutputs& out, StreamHandle stream) override {
+    require_alive("forward");
+    ep_->check_errors();
+    for (int e = 0; e < local_experts_; ++e)
+      MEGAMOE_CHECK(loaded_[e], "backend mega: local expert ", e, " (global ", first_expert_ + e,
+                    ") was never loaded with load_expert()");
+    MEGAMOE_CHECK(in.hidden.rank == 2, "inputs.hidden: expected a 2-D tensor, got rank ", in.hidden.rank);
+    const int64_t T = in.hidden.shape[0];
+    // NOTES: checked before the launch, so an overflowing call writes nothing anywhere.
+    MEGAMOE_CHECK(T >= 0 && T <= config_.max_tokens_per_rank, "tokens T = ", T,
+                  " exceeds the EP capacity max_tokens_per_rank = ", config_.max_tokens_per_rank, " on rank ",
+                  ep_->rank());
+    check_tensor("inputs.hidden", in.hidden, DType::kBF16, {T, config_.hidden}, Device::kCuda);
+    check_tensor("inputs.topk_ids", in.topk_ids, DType::kI32, {T, config_.top_k}, Device::kCuda);
+    check_tensor("inputs.topk_weights", in.topk_weights, DType::kF32, {T, config_.top_k}, Device::kCuda);
+    check_tensor("outputs.out", out.out, DType::kBF16, {T, config_.hidden}, Device::kCuda);
+    MegaMoeParams p = params_;
+    p.num_tokens = static_cast<int>(T);
+    p.hidden_in = static_cast<const __nv_bfloat16*>(in.hidden.data);
+    p.topk_ids = static_cast<const int32_t*>(in.topk_ids.data);
+    p.topk_weights = static_cast<const float*>(in.topk_weights.data);
+    p.out = static_cast<__nv_bfloat16*>(out.out.data);
+    // Tile height from this rank's expected rows per local expert (uniform routing, every rank like
+    // this one); the choice is local: ranks may differ.
+    const int64_t rows_hint = T * config_.top_k / std::max(1, local_experts_);
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (rows_hint <= 64)
+      kernels::launch_mega_moe_fp8<SmallTiles>(maps_[0].x, w13_map_, maps_[0].act, w2_map_, p, ctas_, s);
+    else
+      kernels::launch_mega_moe_fp8<LargeTiles>(maps_[1].x, w13_map_, maps_[1].act, w2_map_, p, ctas_, s);
+  }
+
+  void destroy() override {
+    if (destroyed_) return;
+    destroyed_ = true;
+    for (void* ptr : allocations_) cudaFree(ptr);
+    allocations_.clear();
+    // The symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
+    if (own_group_) own_group_->destroy();
+  }
+
+ private:
+  void require_alive(const char* call) const {
+    MEGAMOE_CHECK(!destroyed_, "backend mega: ", call, " called after destroy()");
+  }
+  void* alloc(size_t bytes) {
+    void* ptr = nullptr;
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)));
+    MEGAMOE_CUDA_CHECK(cudaMemset(ptr, 0, std::max<size_t>(bytes, 16)));
+    allocations_.push_back(ptr);
+    return ptr;
+  }
+
+  struct ActivationMaps {
+    CUtensorMap x, act;
+  };
+  MoeConfig config_;
+  std::unique_ptr<EpGroup> own_group_;
+  EpGroup* ep_ = nullptr;
+  SymmetricBuffer window_;
+  MegaMoeParams params_{};
+  ActivationMaps maps_[2]{};
+  CUtensorMap w13_map_{}, w2_map_{};
+  int ctas_ = 0;
+  int local_experts_ = 0, first_expert_ = 0;
+  bool destroyed_ = false;
+  std::vector<bool> loaded_;
+  std::vector<void*> allocations_;
+  void *w13_ = nullptr, *w2_ = nullptr;
+  float *w13_scales_ = nullptr, *w2_scales_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep) {
+  return std::make_unique<MegaBackend>(config, ep);
+}
+
+namespace {
+MEGAMOE_REGISTER_BACKEND(backends::BackendEntry{
+    .name = "mega",
+    .capabilities = [] { return mega_capabilities(); },
+    .unavailable_reason = []() -> std::string {
+      int devices = 0;
+      if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+        cudaGetLastError();
+        return "no CUDA device visible";
+      }
+      cudaDeviceProp prop{};
+      if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9) {
+        cudaGetLastError();
+        return "needs an sm_90 (Hopper) GPU";
+      }
+      return {};
+    },
+    .create = [](const MoeConfig& c, EpGroup* ep) { return make_mega_backend(c, ep); },
+});
+}  // namespace
+
+}  // namespace megamoe

@@ -1,0 +1,22 @@
+// The `mega` MoE backend (GPU, expert parallel): one persistent kernel per forward does dispatch, both
+// expert GEMMs and combine (src/kernels/sm90_mega_moe.cuh). See docs/mega.md.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "megamoe/moe.h"
+
+namespace megamoe {
+
+// What `mega` runs: FP8-block weights, SiLU-and-mul and clamped SwiGLU, apply_topk_in_fc1, 1..8 ranks.
+Capabilities mega_capabilities();
+// Empty when `mega` can run `config` on `ranks` ranks, else every reason (naming the field and the
+// limit, and for an unsupported weight format why it is not supported yet). Plain C++ (CI tests it).
+std::string mega_reject_reason(const MoeConfig& config, int ranks);
+
+// `ep` may be null: the backend then bootstraps a private single-rank group. Throws megamoe::Error
+// with mega_reject_reason() when the configuration is unsupported.
+std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep);
+
+}  // namespace megamoe

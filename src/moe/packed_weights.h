@@ -1,0 +1,18 @@
+// Upload of one expert's canonical weight matrix into a GPU backend's packed device slab (the grouped
+// GEMM layout of kernels/grouped_gemm.h), shared by the staged and mega backends.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/grouped_gemm.h"
+#include "megamoe/formats.h"
+
+namespace megamoe {
+
+// Checks `m` (format == `format`, shape [rows, cols], data size; errors name `field`), packs it for
+// `role` and copies it to expert `expert`'s slot of `data_slab` (and `scales_slab` for formats with
+// scales). Synchronous.
+void upload_packed_expert(const char* field, const formats::QuantizedMatrix& m, WeightFormat format, int64_t rows,
+                          int64_t cols, int expert, kernels::GemmRole role, void* data_slab, float* scales_slab);
+
+}  // namespace megamoe

@@ -1,0 +1,68 @@
+// The `mega` backend's capability report and rejection reasons (plain C++, runs in CI).
+#include <gtest/gtest.h>
+
+#include "moe/mega_backend.h"
+
+namespace megamoe {
+namespace {
+
+MoeConfig dsv3_fp8() { return MoeConfig{7168, 2048, 256, 8, WeightFormat::kFp8Block, Activation{}, false, 0, 8192}; }
+
+bool mentions(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+TEST(MegaCapabilities, ReportsWhatItRuns) {
+  const Capabilities c = mega_capabilities();
+  EXPECT_EQ(c.formats, std::vector<WeightFormat>{WeightFormat::kFp8Block});
+  EXPECT_EQ(c.activations.size(), 2u);
+  EXPECT_EQ(c.min_ranks, 1);
+  EXPECT_EQ(c.max_ranks, 8);
+  EXPECT_TRUE(c.needs_gpu);
+  EXPECT_TRUE(c.supports_apply_topk_in_fc1);
+  EXPECT_FALSE(c.supports_shared_expert);
+  for (int ranks : {1, 2, 4, 8}) EXPECT_EQ(mega_reject_reason(dsv3_fp8(), ranks), "") << ranks << " ranks";
+  MoeConfig clamped = dsv3_fp8();
+  clamped.activation = Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  clamped.apply_topk_in_fc1 = true;
+  EXPECT_EQ(mega_reject_reason(clamped, 2), "");
+  EXPECT_EQ(c.reject_reason(clamped, 2), "");
+}
+
+TEST(MegaCapabilities, RejectedFormatsSayWhy) {
+  MoeConfig c = dsv3_fp8();
+  c.weight_format = WeightFormat::kBf16;
+  const std::string bf16 = mega_reject_reason(c, 2);
+  EXPECT_TRUE(mentions(bf16, "weight_format bf16 is not supported yet")) << bf16;
+  EXPECT_TRUE(mentions(bf16, "staged")) << bf16;
+  for (WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    c.weight_format = f;
+    const std::string why = mega_reject_reason(c, 2);
+    EXPECT_TRUE(mentions(why, "W4A8")) << why;
+    EXPECT_TRUE(mentions(why, std::string(weight_format_name(f)))) << why;
+    EXPECT_FALSE(mega_capabilities().reject_reason(c, 2).empty());
+  }
+}
+
+TEST(MegaCapabilities, RejectedShapesNameFieldAndLimit) {
+  auto reason = [](auto&& edit, int ranks = 2) {
+    MoeConfig c = dsv3_fp8();
+    edit(c);
+    return mega_reject_reason(c, ranks);
+  };
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.hidden = 7040; }), "hidden = 7040 must be a positive multiple of 256"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.intermediate = 2000; }), "intermediate = 2000"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.num_experts = 255; }), "num_experts = 255 must be a positive multiple of ranks = 2"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.num_experts = 4096; }, 2), "local experts must be <= 1024"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.top_k = 33; }), "top_k = 33"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.max_tokens_per_rank = 0; }), "max_tokens_per_rank = 0"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.shared_intermediate = 512; }), "shared experts are not supported"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig&) {}, 9), "ranks = 9 must be in [1, 8]"));
+  // Several problems: all of them, joined.
+  const std::string many = reason([](MoeConfig& c) {
+    c.hidden = 100;
+    c.weight_format = WeightFormat::kBf16;
+  });
+  EXPECT_TRUE(mentions(many, "hidden = 100") && mentions(many, "bf16")) << many;
+}
+
+}  // namespace
+}  // namespace megamoe

@@ -1,0 +1,136 @@
+// The `mega` backend on 2 GPUs, one process per GPU: vs the host reference on every routing, unequal
+// and zero token counts, graph replay, determinism, mega vs staged, and a stalled peer.
+#include <chrono>
+#include <thread>
+
+#include "common/ep_harness.h"
+
+namespace megamoe::testing {
+namespace {
+
+constexpr int kRanks = 2;
+
+#define MEGAMOE_RUN_ON_RANKS(n, rank_var)                    \
+  MEGAMOE_REQUIRE_GPUS(n);                                   \
+  LaunchedRank rank_var;                                     \
+  if (::megamoe::testing::spawn_ranks_if_parent(n, &rank_var)) return
+
+struct RankStream {
+  cudaStream_t stream = nullptr;
+  explicit RankStream(int device) {
+    MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
+    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~RankStream() { cudaStreamDestroy(stream); }
+};
+
+TEST(MegaMulti, MatchesReferenceOnEveryRouting) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  RankStream s(group->device());
+  for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
+    LayerCase lc;
+    lc.config = MoeConfig{256, 256, 8, 3, WeightFormat::kFp8Block, Activation{}, false, 0, 96};
+    lc.routing = routing;
+    lc.seed = 41 + static_cast<int>(routing);
+    lc.tokens_per_rank = {61, 83};  // unequal
+    BackendCaseOptions options;
+    options.graph_replay = routing == Routing::kUniform || routing == Routing::kAllToRank0;
+    options.repeats = 3;
+    options.compare_with = routing == Routing::kUniform ? "staged" : nullptr;
+    run_backend_case("mega", *group, lc, s.stream, options);
+  }
+  LayerCase empty_rank;  // rank 0 has no tokens at all
+  empty_rank.config = MoeConfig{256, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
+  empty_rank.tokens_per_rank = {0, 50};
+  BackendCaseOptions replay;
+  replay.graph_replay = true;
+  run_backend_case("mega", *group, empty_rank, s.stream, replay);
+  LayerCase wide;  // DeepSeek-like width and top-k, 128-row tiles, clamped SwiGLU with top-k in fc1
+  wide.config = MoeConfig{1024, 512, 16, 8, WeightFormat::kFp8Block,
+                          Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true, 0, 300};
+  wide.tokens_per_rank = {200, 151};
+  BackendCaseOptions repeat;
+  repeat.repeats = 5;
+  repeat.compare_with = "staged";
+  run_backend_case("mega", *group, wide, s.stream, repeat);
+  group->destroy();
+}
+
+TEST(MegaMulti, ChangingTokenCountsEveryCall) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  RankStream s(group->device());
+  const MoeConfig c{256, 256, 8, 4, WeightFormat::kFp8Block, Activation{}, false, 0, 128};
+  const auto experts = make_experts(c, 9);
+  auto backend = make_backend("mega", c, group.get());
+  for (int e = 0; e < backend->num_local_experts(); ++e)
+    backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
+  backend->warmup(s.stream);
+  int checked = 0;
+  for (int call = 0; call < 24; ++call) {
+    std::mt19937 rng(1000 + call);  // identical on both ranks: each knows the other's T
+    const int tokens = (rng() % 4 == 0) ? 0 : static_cast<int>(rng() % 129);
+    const int mine = rank.rank == 0 ? tokens : static_cast<int>((tokens * 7 + call) % 129);
+    SCOPED_TRACE(::testing::Message() << "call " << call << " rank " << rank.rank << " T=" << mine);
+    const Routing routing = call % 3 == 0 ? Routing::kSkewed : Routing::kPadded;
+    const RankInputs in = make_rank_inputs(500 + call, rank.rank, mine, c.hidden, c.num_experts, c.top_k, kRanks, routing);
+    DeviceInputs dev(in, c.hidden, c.top_k);
+    poison_device_buffer(dev.out, static_cast<size_t>(mine) * c.hidden * 2, 0xFF, s.stream);
+    MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+    MoeOutputs outputs{dev.out_view()};
+    backend->forward(inputs, outputs, s.stream);
+    group->synchronize(s.stream);
+    std::vector<double> tolerance;
+    const auto ref = reference_layer(c, experts, in, &tolerance);
+    const Comparison cmp = compare_outputs(dev.download_out(), ref, c.hidden, tolerance);
+    EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format));
+    EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
+    checked += mine;
+  }
+  EXPECT_GT(checked, 0);
+  backend->destroy();
+  group->destroy();
+}
+
+TEST(MegaMulti, StalledPeerTimesOutWithItsName) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  EpOptions options;
+  options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
+  RankStream s(group->device());
+  const MoeConfig c{256, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 16};
+  const auto experts = make_experts(c, 2);
+  auto backend = make_backend("mega", c, group.get());
+  for (int e = 0; e < backend->num_local_experts(); ++e)
+    backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
+  backend->warmup(s.stream);
+  if (rank.rank == 0) {
+    const RankInputs in = make_rank_inputs(4, 0, 16, c.hidden, c.num_experts, c.top_k, kRanks, Routing::kUniform);
+    DeviceInputs dev(in, c.hidden, c.top_k);
+    MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+    MoeOutputs outputs{dev.out_view()};
+    const auto start = std::chrono::steady_clock::now();
+    backend->forward(inputs, outputs, s.stream);
+    try {
+      group->synchronize(s.stream);
+      ADD_FAILURE() << "a forward with a stalled peer returned without an error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("phase 'dispatch'"), std::string::npos) << what;
+      EXPECT_NE(what.find("peer rank 1"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 5.0) << "the bounded wait (1 s) took " << seconds << " s to report";
+    EXPECT_THROW(backend->forward(inputs, outputs, s.stream), Error);  // the group is failed now
+  } else {
+    // Rank 1 never launches its forward; it only waits long enough for rank 0 to time out.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+  backend->destroy();
+  group->destroy();
+}
+
+}  // namespace
+}  // namespace megamoe::testing
