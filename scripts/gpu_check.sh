@@ -2,7 +2,8 @@
 # One call on a GPU machine: build with all cores, run the gpu + multigpu tests, a compute-sanitizer
 # memcheck on small tests, and the benchmarks; print a short table last. Logs + JSON go to $OUT
 # (or out/).   scripts/gpu_check.sh [build-dir]
-#   env: BENCH=0 skips benchmarks, SANITIZE=0 skips memcheck, QUICK=1 runs fewer benchmark points
+#   env: BENCH=0 skips benchmarks, GEMM_BENCH=0 skips the GEMM ones, SANITIZE=0 skips memcheck,
+#        QUICK=1 runs fewer benchmark points
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-megamoe}
@@ -26,6 +27,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
 fi
 if [ "${BENCH:-1}" = 1 ]; then
   rows="1024 4096"; [ "${QUICK:-0}" = 1 ] || rows="32 128 1024 4096"
+  if [ "${GEMM_BENCH:-1}" = 1 ]; then
   # shellcheck disable=SC2086
   step bench_gemm 150 "$cli" bench gemm --models dsv3 ms4 qwen3-30b --rows $rows --json "$out/bench_gemm.json"
   # shellcheck disable=SC2086
@@ -33,14 +35,18 @@ if [ "${BENCH:-1}" = 1 ]; then
   # shellcheck disable=SC2086
   step bench_gemm_w4a8 120 bash -c "'$cli' bench gemm --format nvfp4 --models dsv3 qwen3-30b --rows $rows --json '$out/bench_gemm_nvfp4.json' &&
        '$cli' bench gemm --format mxfp4 --models dsv3 qwen3-30b --rows $rows --json '$out/bench_gemm_mxfp4.json'"
+  fi
   step bench_ep 90 "$cli" bench ep --ranks 2 --tokens 4096 --hidden 7168 --top-k 8 --experts 256 --iters 20 \
        --json "$out/bench_ep_4096.json"
   step bench_layer 200 "$cli" bench layer --backend staged,mega --ranks 2 --preset dsv3 --format fp8_block \
        --tokens 128,2048,8192 --iters 10 --json "$out/bench_layer_dsv3.json"
+  step bench_layer_w4a8 150 bash -c "'$cli' bench layer --backend staged --ranks 2 --preset dsv3 --format nvfp4 \
+       --tokens 128,8192 --iters 5 --json '$out/bench_layer_nvfp4.json' && '$cli' bench layer --backend staged \
+       --ranks 2 --preset dsv3 --format mxfp4 --tokens 128,8192 --iters 5 --json '$out/bench_layer_mxfp4.json'"
   step bench_layer_bf16 120 "$cli" bench layer --backend reference,staged --check --preset qwen3-30b --format bf16 \
        --tokens 32 --iters 3 --json "$out/bench_layer_bf16.json"
 fi
-for name in bench_gemm bench_gemm_bf16 bench_gemm_w4a8 bench_ep bench_layer bench_layer_bf16; do
+for name in bench_gemm bench_gemm_bf16 bench_gemm_w4a8 bench_ep bench_layer bench_layer_w4a8 bench_layer_bf16; do
   [ -f "$out/$name.log" ] && { echo "== $name"; tail -n 24 "$out/$name.log"; }
 done
 grep -h -E "tests passed|tests failed" "$out"/test_*.log 2>/dev/null
