@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 
 #include <bit>
+#include <cstdlib>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -30,6 +31,10 @@ namespace {
 // Loads libcudnn once; empty string on success, else why not.
 const std::string& load_cudnn() {
   static const std::string why = [] {
+    // NOTES: the frontend dlopens a libcudart too, trying .so.12 before .so.13; name ours, so a
+    // second runtime is never loaded beside the one this binary links.
+    const std::string cudart = "libcudart.so." + std::to_string(CUDART_VERSION / 1000);
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", cudart.c_str(), /*overwrite=*/0);
     for (const char* name : {"libcudnn.so.9", "libcudnn.so"}) {
       if (void* handle = dlopen(name, RTLD_NOW | RTLD_GLOBAL)) {
         fe::cudnn_dlhandle = handle;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -161,6 +162,7 @@ class GpuModelRunner final : public ModelRunner {
       }
     }
     backends_.clear();
+    cudnn_.reset();
     if (own_group_) own_group_->destroy();
     if (cublas_) cublasDestroy(cublas_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -440,10 +442,8 @@ class GpuModelRunner final : public ModelRunner {
       prep.v_out = whole_prefill ? v_packed_.get<uint16_t>() : nullptr;
       gpu::qkv_prepare(prep, stream_);
 
-      if (whole_prefill) {
-        cudnn_->run(q_.get<uint16_t>(), k_packed_.get<uint16_t>(), v_packed_.get<uint16_t>(), attn_.get<uint16_t>(),
-                    seq_lens, stream_);
-      } else {
+      if (whole_prefill) whole_prefill = cudnn_attention(seq_lens);
+      if (!whole_prefill) {
         gpu::PagedAttentionArgs attn;
         attn.q = q_.get<uint16_t>();
         attn.k_cache = g.k_cache.get<uint16_t>();
@@ -514,6 +514,22 @@ class GpuModelRunner final : public ModelRunner {
     }
     if (group_) group_->check_errors();  // a bounded wait in an EP kernel that expired, if any
     return output;
+  }
+
+  // cuDNN over the step's packed K/V; false (and cuDNN off from now on) when cuDNN rejects the shape
+  // under --attention auto: the caller then runs the paged kernel, which reads the same K/V from the
+  // cache. Nothing was launched when cuDNN rejects (the plan is built before execution).
+  bool cudnn_attention(const std::vector<int32_t>& seq_lens) {
+    try {
+      cudnn_->run(q_.get<uint16_t>(), k_packed_.get<uint16_t>(), v_packed_.get<uint16_t>(), attn_.get<uint16_t>(),
+                  seq_lens, stream_);
+      return true;
+    } catch (const Error& e) {
+      if (options_.attention == "cudnn") throw;
+      std::fprintf(stderr, "megamoe: cuDNN attention off, using the paged kernel: %s\n", e.what());
+      cudnn_.reset();
+      return false;
+    }
   }
 
   // Router (fp32 GEMM + CUDA top-k) then the backend, in pieces of at most max_tokens_per_step

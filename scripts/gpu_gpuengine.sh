@@ -13,7 +13,7 @@ if [ "$PWD" != "$src" ]; then mkdir -p /work/wt && ln -sfn "$PWD" "$src"; fi
 build=${BUILD:-$src/build-gpu}
 source scripts/nccl_env.sh
 cudnn=$(python3 -c "import nvidia.cudnn,os;print(os.path.dirname(nvidia.cudnn.__file__))" 2>/dev/null)
-[ -n "$cudnn" ] && export LD_LIBRARY_PATH="$cudnn/lib:$LD_LIBRARY_PATH"
+[ -n "$cudnn" ] && export LD_LIBRARY_PATH="$cudnn/lib:$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
 echo "cuDNN: $(ls "$cudnn"/lib/libcudnn.so.* 2>/dev/null | head -1)"
 summary=()
 step() {  # step NAME TIMEOUT command...

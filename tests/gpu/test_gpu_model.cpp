@@ -156,7 +156,7 @@ TEST_P(GpuTinyModel, PrefillChunkedDecodeAndPackedAgree) {
     for (int b = 0; b < 12; ++b) c.block_table.push_back(static_cast<int32_t>(12 * s + 11 - b));
   }
   const StepOutput packed = gpu->step(batch);
-  for (size_t s = 0; s < 3; ++s) expect_close(packed.logits[s], alone[s], "packed " + std::to_string(s), 2e-3, 1e-2);
+  for (size_t s = 0; s < 3; ++s) expect_close(packed.logits[s], alone[s], "packed " + std::to_string(s), 5e-3, 2e-2);
   // Decode rows for sequences 0 and 1 beside a fresh prefill of sequence 3 (paged path for all).
   StepBatch mixed;
   const int32_t next[2] = {17, 1999};
