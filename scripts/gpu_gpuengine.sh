@@ -22,13 +22,13 @@ step() {  # step NAME TIMEOUT command...
   else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -25 "$out/$name.log"; fi
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-step test_gpu 150 "$build/tests/megamoe_tests_gpu" --gtest_filter='GpuTinyModel*:GpuStaged*:*PagedAttention*:*CudnnAttention*'
-step bench_attention 60 "$build/megamoe" bench attention --seq-lens 4096 --heads 32 --kv-heads 4 --head-dim 128 \
+step test_gpu 80 "$build/tests/megamoe_tests_gpu" --gtest_filter='GpuTinyModel*:GpuStaged*:*PagedAttention*:*CudnnAttention*'
+step bench_attention 30 "$build/megamoe" bench attention --seq-lens 4096 --heads 32 --kv-heads 4 --head-dim 128 \
      --json "$out/bench_attention.json"
-step bench_attention_varlen 60 "$build/megamoe" bench attention --seq-lens 1024 2048 512 512 --heads 32 --kv-heads 4 \
+step bench_attention_varlen 25 "$build/megamoe" bench attention --seq-lens 1024 2048 512 512 --heads 32 --kv-heads 4 \
      --head-dim 128 --skip-paged --json "$out/bench_attention_varlen.json"
-step test_multigpu 120 "$build/tests/megamoe_tests_multigpu" --gtest_filter='GpuGenerate*'
-step full_geometry 200 "$build/megamoe" generate tests/fixtures/qwen3-30b-a3b --load-format dummy --moe-backend staged \
+step test_multigpu 50 "$build/tests/megamoe_tests_multigpu" --gtest_filter='GpuGenerate*'
+step full_geometry 100 "$build/megamoe" generate tests/fixtures/qwen3-30b-a3b --load-format dummy --moe-backend staged \
      --data-parallel-size 2 --enable-expert-parallel --random-prompt-len 4096 --max-tokens 1 --repeat 3 \
      --block-size 16 --num-kv-blocks 300 --max-num-batched-tokens 4096 \
      --hf-overrides "{\"num_hidden_layers\": ${LAYERS:-8}}"

@@ -64,10 +64,16 @@ int run(GenerateArgs& args) {
                   " ranks but --data-parallel-size is ", args.data_parallel_size);
   }
   const int rank = multi_rank ? launched.rank : 0;
+#ifdef MEGAMOE_WITH_CUDA
   std::unique_ptr<megamoe::EpGroup> group;
+#endif
   if (multi_rank) {
+#ifdef MEGAMOE_WITH_CUDA
     group = megamoe::EpGroup::bootstrap(launched.rank, launched.ranks, launched.rendezvous);
     options.ep = group.get();
+#else
+    MEGAMOE_FAIL("--data-parallel-size ", args.data_parallel_size, " needs a CUDA build");
+#endif
     options.load.progress = rank == 0 && options.load.progress;
     // NOTES: ranks step together through every layer; generation stops at max_tokens on all of
     // them (an EOS on one rank would leave the others waiting in the MoE collective).
@@ -99,7 +105,9 @@ int run(GenerateArgs& args) {
     best_prefill = std::min(best_prefill, stats.prefill_seconds);
   }
   runner.reset();  // the MoE backends use the group
+#ifdef MEGAMOE_WITH_CUDA
   if (group) group->destroy();
+#endif
   std::string prefix = multi_rank ? "rank " + std::to_string(rank) + " " : "";
   std::printf("%sgenerated:", prefix.c_str());
   for (int32_t id : out) std::printf(" %d", id);
