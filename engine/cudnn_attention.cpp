@@ -79,6 +79,17 @@ bool cudnn_attention_available(std::string* why) {
   return true;
 }
 
+int64_t cudnn_loaded_version() {
+  return cudnn_attention_available(nullptr) ? static_cast<int64_t>(fe::detail::get_backend_version()) : 0;
+}
+
+std::string cudnn_loaded_path() {
+  if (!cudnn_attention_available(nullptr)) return {};
+  Dl_info info{};
+  void* symbol = dlsym(fe::cudnn_dlhandle, "cudnnGetVersion");
+  return symbol && dladdr(symbol, &info) && info.dli_fname ? info.dli_fname : "";
+}
+
 struct CudnnVarlenAttention::Impl {
   int heads, kv_heads, head_dim;
   cudnnHandle_t handle = nullptr;
@@ -237,6 +248,9 @@ bool cudnn_attention_available(std::string* why) {
   if (why) *why = "built without the cuDNN path (cudnn-frontend headers not found; run scripts/install_deps.sh)";
   return false;
 }
+
+int64_t cudnn_loaded_version() { return 0; }
+std::string cudnn_loaded_path() { return {}; }
 
 struct CudnnVarlenAttention::Impl {};
 

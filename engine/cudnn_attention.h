@@ -23,6 +23,9 @@ namespace megamoe::engine::gpu {
 
 // True when this build has the cuDNN path and libcudnn could be loaded; else false with `why`.
 bool cudnn_attention_available(std::string* why);
+// The loaded libcudnn's version (e.g. 91900) and path, or 0 / "" when unavailable.
+int64_t cudnn_loaded_version();
+std::string cudnn_loaded_path();
 
 class CudnnVarlenAttention {
  public:

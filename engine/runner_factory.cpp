@@ -32,10 +32,10 @@ bool gpu_runner_available(std::string* why) {
   return false;
 }
 std::unique_ptr<ModelRunner> make_gpu_model_runner(const ModelConfig&, const std::string&, const RunnerOptions&) {
-  MEGAMOE_FAIL("--device cuda: this build has no CUDA (MEGAMOE_ENABLE_CUDA=OFF)");
+  MEGAMOE_FAIL("the GPU runner (--device cuda, or a GPU --moe-backend such as staged) needs a CUDA build (MEGAMOE_ENABLE_CUDA=OFF here)");
 }
 std::unique_ptr<ModelRunner> make_gpu_model_runner(const std::string&, const RunnerOptions&) {
-  MEGAMOE_FAIL("--device cuda: this build has no CUDA (MEGAMOE_ENABLE_CUDA=OFF)");
+  MEGAMOE_FAIL("the GPU runner (--device cuda, or a GPU --moe-backend such as staged) needs a CUDA build (MEGAMOE_ENABLE_CUDA=OFF here)");
 }
 #endif
 

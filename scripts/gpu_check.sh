@@ -34,10 +34,12 @@ if [ "${BENCH:-1}" = 1 ]; then
        --json "$out/bench_ep_4096.json"
   step bench_layer 200 "$cli" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block \
        --tokens 128,2048,8192 --iters 10 --json "$out/bench_layer_dsv3.json"
+  step bench_attention 60 "$cli" bench attention --seq-lens 4096 --heads 32 --kv-heads 4 --head-dim 128 \
+       --json "$out/bench_attention.json"
   step bench_layer_bf16 120 "$cli" bench layer --backend reference,staged --check --preset qwen3-30b --format bf16 \
        --tokens 32 --iters 3 --json "$out/bench_layer_bf16.json"
 fi
-for name in bench_gemm bench_gemm_bf16 bench_ep bench_layer bench_layer_bf16; do
+for name in bench_gemm bench_gemm_bf16 bench_ep bench_layer bench_layer_bf16 bench_attention; do
   [ -f "$out/$name.log" ] && { echo "== $name"; tail -n 24 "$out/$name.log"; }
 done
 grep -h -E "tests passed|tests failed" "$out"/test_*.log 2>/dev/null

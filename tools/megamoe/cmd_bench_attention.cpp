@@ -116,6 +116,8 @@ int run(const AttentionBenchOptions& o) {
   std::string why;
   const bool have_cudnn = gpu::cudnn_attention_available(&why);
   if (have_cudnn) {
+    std::printf("cuDNN %lld from %s\n", static_cast<long long>(gpu::cudnn_loaded_version()),
+                gpu::cudnn_loaded_path().c_str());
     gpu::CudnnVarlenAttention attention(o.heads, o.kv_heads, o.head_dim);
     const double ms = time_ms(o.warmup, o.iters, [&] {
       attention.run(dq.as<uint16_t>(), dk.as<uint16_t>(), dv.as<uint16_t>(), dout_cudnn.as<uint16_t>(), o.seq_lens,
@@ -188,7 +190,11 @@ int run(const AttentionBenchOptions& o) {
     }
   }
   if (!o.json_path.empty()) {
-    std::ofstream(o.json_path) << nlohmann::json{{"bench", "attention"}, {"results", results}}.dump(2) << "\n";
+    std::ofstream(o.json_path) << nlohmann::json{{"bench", "attention"},
+                                                 {"cudnn_version", gpu::cudnn_loaded_version()},
+                                                 {"results", results}}
+                                      .dump(2)
+                               << "\n";
   }
   return 0;
 }
