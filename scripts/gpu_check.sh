@@ -9,6 +9,7 @@ build=${1:-/tmp/build-megamoe}
 out=${OUT:-out}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source scripts/nccl_env.sh
+source scripts/cudnn_env.sh  # cuDNN attention needs .deps/cudnn-frontend too (install_deps.sh here, carried)
 summary=()
 step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seconds
   local name=$1 limit=$2; shift 2; local t0=$(date +%s)
@@ -16,7 +17,7 @@ step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seco
   else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -30 "$out/$name.log"; fi
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpus.txt"
-step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT"
+step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" -DCUDNN_ROOT="${CUDNN_ROOT:-}"
 cli="$build/megamoe"
 step test_gpu 240 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
 step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
