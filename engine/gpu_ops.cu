@@ -101,18 +101,4 @@ void paged_attention(const PagedAttentionArgs& a, StreamHandle stream) {
   MEGAMOE_LAUNCH_CHECK();
 }
 
-void bf16_to_f32(const uint16_t* in, int64_t count, float* out, StreamHandle stream) {
-  MEGAMOE_CHECK(count >= 0, "bf16_to_f32: count = ", count);
-  if (count == 0) return;
-  kernels::bf16_to_f32_kernel<<<kernels::elementwise_blocks(count, 256), 256, 0, as_stream(stream)>>>(bf16(in), count, out);
-  MEGAMOE_LAUNCH_CHECK();
-}
-
-void f32_to_bf16(const float* in, int64_t count, uint16_t* out, StreamHandle stream) {
-  MEGAMOE_CHECK(count >= 0, "f32_to_bf16: count = ", count);
-  if (count == 0) return;
-  kernels::f32_to_bf16_kernel<<<kernels::elementwise_blocks(count, 256), 256, 0, as_stream(stream)>>>(in, count, bf16(out));
-  MEGAMOE_LAUNCH_CHECK();
-}
-
 }  // namespace megamoe::engine::gpu

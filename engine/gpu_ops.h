@@ -90,8 +90,4 @@ inline constexpr int kPagedAttentionMaxGroup = 16;  // heads / kv_heads
 inline constexpr int kPagedAttentionMaxHeadDim = 256;
 void paged_attention(const PagedAttentionArgs& args, StreamHandle stream);
 
-// y fp32 [rows, cols] from bf16 (conversion helpers the runner and tests share).
-void bf16_to_f32(const uint16_t* in, int64_t count, float* out, StreamHandle stream);
-void f32_to_bf16(const float* in, int64_t count, uint16_t* out, StreamHandle stream);
-
 }  // namespace megamoe::engine::gpu

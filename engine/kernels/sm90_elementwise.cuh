@@ -1,5 +1,5 @@
-// Small bandwidth-bound kernels of the GPU model runner: embedding gather, SiLU-and-mul, dtype
-// conversions. One thread per element (or per bf16 pair); no shared memory.
+// Small bandwidth-bound kernels of the GPU model runner: embedding gather, SiLU-and-mul. One thread
+// per element, grid-stride loops; no shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,16 +29,6 @@ __global__ void silu_mul_kernel(const __nv_bfloat16* __restrict__ gate_up, int64
     const float u = __bfloat162float(gate_up[t * 2 * intermediate + intermediate + c]);
     out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * u);
   }
-}
-
-__global__ void bf16_to_f32_kernel(const __nv_bfloat16* __restrict__ in, int64_t count, float* __restrict__ out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = __bfloat162float(in[i]);
-}
-
-__global__ void f32_to_bf16_kernel(const float* __restrict__ in, int64_t count, __nv_bfloat16* __restrict__ out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = __float2bfloat16(in[i]);
 }
 
 // Grid for a grid-stride loop over `count` elements: enough blocks to fill the GPU, never zero.
