@@ -120,53 +120,15 @@ class GpuModelRunner final : public ModelRunner {
     info_.num_layers = config.num_layers;
 
     device_ = options.ep ? options.ep->device() : options.cuda_device;
-    MEGAMOE_CUDA_CHECK(cudaSetDevice(device_));
-    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    MEGAMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
-    MEGAMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
-
-    create_backends();
-    const std::string format = options.load.load_format;
-    MEGAMOE_CHECK(format == "auto" || format == "safetensors" || format == "dummy", "--load-format '", format,
-                  "' is not supported (auto, safetensors, dummy)");
-    {
-      std::unique_ptr<WeightSource> source = format == "dummy" ? make_dummy_source(config, options.load.seed)
-                                                               : make_checkpoint_source(config, model_dir);
-      std::vector<MoeBackend*> moe_layers(config.num_layers, nullptr);
-      for (int layer = 0; layer < config.num_layers; ++layer) moe_layers[layer] = backend_of_layer_[layer];
-      ModelWeights weights = load_model_weights(config_, *source, moe_layers, expert_format_, options.load.progress);
-      upload_weights(weights);
+    try {
+      initialize(model_dir);
+    } catch (...) {
+      release();  // no destructor runs for a constructor that throws
+      throw;
     }
-    build_rope_tables();
-    const std::string* why_not = nullptr;
-    std::string reason;
-    if (options.attention != "paged") {
-      if (gpu::cudnn_attention_available(&reason)) {
-        cudnn_ = std::make_unique<gpu::CudnnVarlenAttention>(config.num_heads, config.num_kv_heads, config.head_dim);
-      } else {
-        why_not = &reason;
-      }
-    }
-    MEGAMOE_CHECK(options.attention != "cudnn" || cudnn_, "--attention cudnn: ", why_not ? *why_not : "");
-    reserve(std::min(options.max_tokens_per_step, 256), 1);
-    for (auto& backend : backends_) backend->warmup(host_moe_ ? nullptr : stream_);
-    MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  ~GpuModelRunner() override {
-    cudaStreamSynchronize(stream_);
-    for (auto& backend : backends_) {
-      try {
-        backend->destroy();
-      } catch (...) {
-      }
-    }
-    backends_.clear();
-    cudnn_.reset();
-    if (own_group_) own_group_->destroy();
-    if (cublas_) cublasDestroy(cublas_);
-    if (stream_) cudaStreamDestroy(stream_);
-  }
+  ~GpuModelRunner() override { release(); }
 
   const ModelInfo& info() const override { return info_; }
   int kv_block_size() const override { return options_.kv_block_size; }
@@ -194,6 +156,60 @@ class GpuModelRunner final : public ModelRunner {
   }
 
  private:
+  void initialize(const std::string& model_dir) {
+    const ModelConfig& config = config_;
+    const RunnerOptions& options = options_;
+    MEGAMOE_CUDA_CHECK(cudaSetDevice(device_));
+    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MEGAMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
+    MEGAMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+
+    create_backends();
+    const std::string format = options.load.load_format;
+    MEGAMOE_CHECK(format == "auto" || format == "safetensors" || format == "dummy", "--load-format '", format,
+                  "' is not supported (auto, safetensors, dummy)");
+    {
+      std::unique_ptr<WeightSource> source = format == "dummy" ? make_dummy_source(config, options.load.seed)
+                                                               : make_checkpoint_source(config, model_dir);
+      std::vector<MoeBackend*> moe_layers(config.num_layers, nullptr);
+      for (int layer = 0; layer < config.num_layers; ++layer) moe_layers[layer] = backend_of_layer_[layer];
+      ModelWeights weights = load_model_weights(config_, *source, moe_layers, expert_format_, options.load.progress);
+      upload_weights(weights);
+    }
+    build_rope_tables();
+    std::string why_not;
+    if (options.attention != "paged" && gpu::cudnn_attention_available(&why_not)) {
+      cudnn_ = std::make_unique<gpu::CudnnVarlenAttention>(config.num_heads, config.num_kv_heads, config.head_dim);
+    }
+    MEGAMOE_CHECK(options.attention != "cudnn" || cudnn_, "--attention cudnn: ", why_not);
+    reserve(std::min(options.max_tokens_per_step, 256), 1);
+    for (auto& backend : backends_) backend->warmup(host_moe_ ? nullptr : stream_);
+    MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Frees what initialize() got, in dependency order (backends before their group); idempotent.
+  void release() noexcept {
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& backend : backends_) {
+      try {
+        backend->destroy();
+      } catch (...) {
+      }
+    }
+    backends_.clear();
+    cudnn_.reset();
+    if (own_group_) {
+      try {
+        own_group_->destroy();
+      } catch (...) {
+      }
+    }
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
+    cublas_ = nullptr;
+    stream_ = nullptr;
+  }
+
   bool collective() const { return options_.ep != nullptr && options_.ep->size() > 1; }
 
   void create_backends() {
