@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -98,7 +99,9 @@ void time_dispatch_combine(const BenchEpOptions& o, EpGroup& group, const Tensor
     MEGAMOE_CUDA_CHECK(cudaMalloc(&y, y_bytes));
     MEGAMOE_CUDA_CHECK(cudaMemset(y, 0x3C, y_bytes));  // bf16 0x3C3C ~ 0.0115, not zero
     MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    io.enable_kernel_timing(true);
     std::vector<float> dispatch_us, combine_us;
+    std::array<std::vector<float>, 5> kernel_us;
     for (int it = 0; it < o.iters + 3; ++it) {
       group.barrier(stream);
       MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[0], stream));
@@ -113,8 +116,18 @@ void time_dispatch_combine(const BenchEpOptions& o, EpGroup& group, const Tensor
       if (it >= 3) {
         dispatch_us.push_back(a * 1000);
         combine_us.push_back(b * 1000);
+        const auto split = io.last_kernel_times_us();
+        for (size_t i = 0; i < split.size(); ++i) kernel_us[i].push_back(split[i]);
       }
     }
+    // Bytes a per-(token, slot) combine would move off this rank's tokens' remote experts (what the
+    // combine sent before it reduced per rank): this rank's (token, slot) pairs owned by another rank.
+    std::vector<int32_t> topk(static_cast<size_t>(o.tokens) * o.top_k);
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(topk.data(), ids.data, topk.size() * 4, cudaMemcpyDeviceToHost));
+    uint64_t remote_slots = 0;
+    for (const int32_t id : topk) remote_slots += id >= 0 && id / (o.experts / group.size()) != group.rank();
+    static const char* kKernelNames[5] = {"layout", "send", "receive", "combine_send", "combine_reduce"};
+    for (size_t i = 0; i < kernel_us.size(); ++i) result["kernel_us"][kKernelNames[i]] = median(kernel_us[i]);
     const auto traffic = io.last_remote_traffic(stream);
     const float d = median(dispatch_us), c = median(combine_us);
     result["dispatch_us"] = d;
@@ -123,6 +136,7 @@ void time_dispatch_combine(const BenchEpOptions& o, EpGroup& group, const Tensor
     result["combine_remote_bytes"] = traffic.combine_bytes;
     result["dispatch_GBps"] = traffic.dispatch_bytes / (d * 1e3);
     result["combine_GBps"] = traffic.combine_bytes / (c * 1e3);
+    result["combine_per_slot_equiv_GBps"] = remote_slots * o.hidden * 2.0 / (c * 1e3);
     cudaFree(y);
     io.destroy();
 }
@@ -201,10 +215,16 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
   cudaStreamDestroy(stream);
   if (lr.rank == 0) {
     {
-      std::printf("| mode | ranks | tokens/rank | H | k | E | dispatch us | dispatch GB/s | combine us | combine GB/s |\n");
-      std::printf("| dispatch+combine | %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f |\n", lr.ranks, o.tokens,
+      std::printf("| mode | ranks | tokens/rank | H | k | E | dispatch us | dispatch GB/s | combine us | combine GB/s | "
+                  "combine per-slot equiv GB/s |\n");
+      std::printf("| dispatch+combine | %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", lr.ranks, o.tokens,
                   o.hidden, o.top_k, o.experts, result["dispatch_us"].get<float>(), result["dispatch_GBps"].get<double>(),
-                  result["combine_us"].get<float>(), result["combine_GBps"].get<double>());
+                  result["combine_us"].get<float>(), result["combine_GBps"].get<double>(),
+                  result["combine_per_slot_equiv_GBps"].get<double>());
+      const auto& ku = result["kernel_us"];
+      std::printf("| kernels us | layout %.1f | send %.1f | receive %.1f | combine send %.1f | combine reduce %.1f |\n",
+                  ku["layout"].get<float>(), ku["send"].get<float>(), ku["receive"].get<float>(),
+                  ku["combine_send"].get<float>(), ku["combine_reduce"].get<float>());
     }
     if (o.staged) {
       std::printf("| mode | ranks | tokens/rank | H | I | E | k | format | forward us | TFLOP/s | forward - dispatch - combine us | expert GEMM |\n");

@@ -3,7 +3,9 @@
 // cuBLASLt dense FP8 (per-tensor scales, fast accumulation on) and cuBLAS BF16 on the same FLOPs
 // (one dense [M_total, K] x [K, N] GEMM) as the ratio's denominator. With format "bf16": the BF16 x BF16
 // grouped GEMMs (GEMM 1 with SiLU-mul + top-k weight to BF16), cuBLAS BF16 on the same buffers as the
-// denominator (cuBLASLt FP8 is not run).
+// denominator (cuBLASLt FP8 is not run). With format "nvfp4" / "mxfp4": the W4A8 grouped GEMMs (same
+// epilogues as FP8) on random packed FP4 weights (scale bytes in a range where the decode exponent is
+// 5), vs cuBLASLt dense FP8 on the same FLOPs; weight GB/s counts FP4 bytes + group scales + block records.
 // Every timed launch is preceded by a 256 MiB memset so that L2 (50 MiB) holds none of its inputs;
 // the figure is the median over `repeats` launches, each timed by its own CUDA events.
 #include "bench/grouped_gemm_bench.h"
@@ -64,13 +66,23 @@ struct Device {
 };
 
 // Fills a device buffer by tiling a random host chunk (never zeros).
-enum class Fill { kE4M3, kScale, kBf16 };
+enum class Fill { kE4M3, kScale, kBf16, kBytes, kNvfp4Scale, kMxfp4Scale, kW4a8Blocks };
 void fill_random(const Device& buffer, Fill kind, uint64_t seed) {
   constexpr size_t kChunk = size_t{8} << 20;
   std::vector<uint8_t> chunk(kChunk);
   std::mt19937_64 rng(seed);
   if (kind == Fill::kE4M3) {  // |value| in [2^-9, 1.875]: codes with exponent field <= 7, random sign
     for (auto& b : chunk) b = static_cast<uint8_t>((rng() & 0x3F) | (rng() & 0x80)) | 1;
+  } else if (kind == Fill::kBytes) {  // FP4 codes: every byte is two valid codes
+    for (auto& b : chunk) b = static_cast<uint8_t>(rng());
+  } else if (kind == Fill::kNvfp4Scale) {  // E4M3 0.5 .. 2
+    for (auto& b : chunk) b = static_cast<uint8_t>(0x30 + rng() % 17);
+  } else if (kind == Fill::kMxfp4Scale) {  // 2^-3 .. 2^1
+    for (auto& b : chunk) b = static_cast<uint8_t>(124 + rng() % 5);
+  } else if (kind == Fill::kW4a8Blocks) {  // {factor, p = 5}: 6 * 2 * 2^5 = 384 <= 448
+    std::uniform_real_distribution<float> scale(0.5e-2f, 1e-2f);
+    auto* blocks = reinterpret_cast<kernels::W4a8BlockScale*>(chunk.data());
+    for (size_t i = 0; i < kChunk / sizeof(kernels::W4a8BlockScale); ++i) blocks[i] = {scale(rng), 5};
   } else if (kind == Fill::kScale) {
     std::uniform_real_distribution<float> scale(0.5e-2f, 1e-2f);
     auto* floats = reinterpret_cast<float*>(chunk.data());
@@ -173,10 +185,14 @@ struct Point {
   int rows = 0, experts = 0;
   int64_t n = 0, k = 0;
   bool bf16 = false;
+  int fp4_group = 0;  // W4A8: 16 (nvfp4) or 32 (mxfp4); 0 = FP8 / BF16
   double us = 0, cublas_fp8_us = 0, cublas_bf16_us = 0;
   double flops() const { return 2.0 * rows * experts * n * k; }
   double weight_bytes() const {
-    return static_cast<double>(experts) * n * k * (bf16 ? 2.0 : 1.0 + 4.0 / (128.0 * 128.0));
+    const double per_element = bf16              ? 2.0
+                               : fp4_group > 0 ? 0.5 + 1.0 / fp4_group + 8.0 / (128.0 * 128.0)
+                                               : 1.0 + 4.0 / (128.0 * 128.0);
+    return static_cast<double>(experts) * n * k * per_element;
   }
   double denominator_us() const { return bf16 ? cublas_bf16_us : cublas_fp8_us; }
 };
@@ -186,9 +202,12 @@ struct Point {
 int run_gemm_bench(const GemmBenchOptions& options) {
   MEGAMOE_CHECK(options.experts >= 1 && options.experts <= 1024, "--experts = ", options.experts, " must be in [1, 1024]");
   MEGAMOE_CHECK(options.repeats >= 1, "--repeats must be >= 1");
-  MEGAMOE_CHECK(options.format == "fp8" || options.format == "bf16", "--format = '", options.format,
-                "' must be fp8 or bf16");
+  MEGAMOE_CHECK(options.format == "fp8" || options.format == "bf16" || options.format == "nvfp4" ||
+                    options.format == "mxfp4",
+                "--format = '", options.format, "' must be fp8, bf16, nvfp4 or mxfp4");
   const bool bf16 = options.format == "bf16";
+  const int fp4_group = options.format == "nvfp4" ? 16 : options.format == "mxfp4" ? 32 : 0;
+  const WeightFormat w4a8_format = fp4_group == 16 ? WeightFormat::kNvfp4 : WeightFormat::kMxfp4;
   const int max_rows = *std::max_element(options.rows_per_expert.begin(), options.rows_per_expert.end());
   cublasLtHandle_t lt;
   cublasHandle_t blas;
@@ -209,19 +228,40 @@ int run_gemm_bench(const GemmBenchOptions& options) {
     const int64_t max_m = static_cast<int64_t>(max_rows) * E;
     const int64_t element_bytes = bf16 ? 2 : 1;
     const Fill operand_fill = bf16 ? Fill::kBf16 : Fill::kE4M3;
-    Device w13(E * 2 * I * H * element_bytes), w13_scales(E * (2 * I / 128) * (H / 128) * 4);
-    Device w2(E * H * I * element_bytes), w2_scales(E * (H / 128) * (I / 128) * 4);
+    // W4A8: w13 / w2 hold the packed FP4 codes (half the bytes), *_scales the group scales, *_blocks
+    // the block records; cuBLAS reads the FP8 dense_w8 instead.
+    const int64_t weight_bytes_13 = fp4_group ? E * 2 * I * H / 2 : E * 2 * I * H * element_bytes;
+    const int64_t weight_bytes_2 = fp4_group ? E * H * I / 2 : E * H * I * element_bytes;
+    const int64_t scale_bytes_13 = fp4_group ? E * 2 * I * H / fp4_group : E * (2 * I / 128) * (H / 128) * 4;
+    const int64_t scale_bytes_2 = fp4_group ? E * H * I / fp4_group : E * (H / 128) * (I / 128) * 4;
+    Device w13(weight_bytes_13), w13_scales(scale_bytes_13), w2(weight_bytes_2), w2_scales(scale_bytes_2);
+    const int64_t block_records = fp4_group ? E * (2 * I / 128) * (H / 128) + E * (H / 128) * (I / 128) : 1;
+    Device w4a8_blocks(block_records * sizeof(kernels::W4a8BlockScale));
+    Device dense_w8(fp4_group ? std::max(2 * I * H, H * I) : 1);
     Device x(max_m * H * element_bytes), x_scales(max_m * (H / 128) * 4), topk(max_m * 4);
     Device h(max_m * I * element_bytes), h_scales(max_m * (I / 128) * 4), out(max_m * H * 2);
     // FP8 mode: separate bf16 operands for the cuBLAS BF16 column; bf16 mode: cuBLAS reads w/x directly.
     const int64_t max_k = bf16 ? 1 : H, max_n = bf16 ? 1 : std::max(2 * I, H);
     Device dense_x_bf16(max_m * max_k * 2), dense_w_bf16(max_n * max_k * 2), dense_out(max_m * std::max(2 * I, H) * 2);
-    fill_random(w13, operand_fill, 1);
-    fill_random(w2, operand_fill, 2);
+    fill_random(w13, fp4_group ? Fill::kBytes : operand_fill, 1);
+    fill_random(w2, fp4_group ? Fill::kBytes : operand_fill, 2);
     fill_random(x, operand_fill, 3);
     fill_random(h, operand_fill, 4);
-    fill_random(w13_scales, Fill::kScale, 5);
-    fill_random(w2_scales, Fill::kScale, 6);
+    const Fill weight_scale_fill = fp4_group == 16 ? Fill::kNvfp4Scale : fp4_group == 32 ? Fill::kMxfp4Scale : Fill::kScale;
+    fill_random(w13_scales, weight_scale_fill, 5);
+    fill_random(w2_scales, weight_scale_fill, 6);
+    if (fp4_group) {
+      fill_random(w4a8_blocks, Fill::kW4a8Blocks, 12);
+      fill_random(dense_w8, Fill::kE4M3, 13);
+    }
+    kernels::W4a8Weights w4a8_13, w4a8_2;
+    w4a8_13.format = w4a8_2.format = w4a8_format;
+    w4a8_13.data = w13.as<uint8_t>();
+    w4a8_13.group_scales = w13_scales.as<uint8_t>();
+    w4a8_13.blocks = w4a8_blocks.as<kernels::W4a8BlockScale>();
+    w4a8_2.data = w2.as<uint8_t>();
+    w4a8_2.group_scales = w2_scales.as<uint8_t>();
+    w4a8_2.blocks = w4a8_13.blocks + E * (2 * I / 128) * (H / 128);
     fill_random(x_scales, Fill::kScale, 7);
     fill_random(h_scales, Fill::kScale, 8);
     fill_random(topk, Fill::kScale, 9);
@@ -242,7 +282,37 @@ int run_gemm_bench(const GemmBenchOptions& options) {
         p.n = which == 1 ? 2 * I : H;
         p.k = which == 1 ? H : I;
         p.bf16 = bf16;
-        if (bf16 && which == 1) {
+        p.fp4_group = fp4_group;
+        const int hint = options.rows_hint > 0 ? options.rows_hint : rows;
+        if (fp4_group && which == 1) {
+          kernels::GroupedGemm1W4a8Args args;
+          args.a = x.as<uint8_t>();
+          args.a_scales = x_scales.as<float>();
+          args.weights = w4a8_13;
+          args.expert_offsets = offsets.as<int32_t>();
+          args.topk_weights = topk.as<float>();
+          args.out = h.as<uint8_t>();
+          args.out_scales = h_scales.as<float>();
+          args.m_capacity = m;
+          args.num_experts = static_cast<int>(E);
+          args.hidden = static_cast<int>(H);
+          args.intermediate = static_cast<int>(I);
+          args.rows_per_expert_hint = hint;
+          p.us = timer.median_us([&] { kernels::grouped_gemm1_w4a8(args, nullptr); });
+        } else if (fp4_group) {
+          kernels::GroupedGemm2W4a8Args args;
+          args.a = h.as<uint8_t>();
+          args.a_scales = h_scales.as<float>();
+          args.weights = w4a8_2;
+          args.expert_offsets = offsets.as<int32_t>();
+          args.out = out.as<uint16_t>();
+          args.m_capacity = m;
+          args.num_experts = static_cast<int>(E);
+          args.hidden = static_cast<int>(H);
+          args.intermediate = static_cast<int>(I);
+          args.rows_per_expert_hint = hint;
+          p.us = timer.median_us([&] { kernels::grouped_gemm2_w4a8(args, nullptr); });
+        } else if (bf16 && which == 1) {
           kernels::GroupedGemm1Bf16Args args;
           args.a = x.as<uint16_t>();
           args.weights = w13.as<uint16_t>();
@@ -298,27 +368,30 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           p.us = timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); });
         }
-        const void* dense_w = which == 1 ? w13.data : w2.data;
+        const void* dense_w = fp4_group ? dense_w8.data : which == 1 ? w13.data : w2.data;
         const void* dense_x = which == 1 ? x.data : h.data;
         if (!options.skip_cublas) {
           if (!bf16) {
             DenseFp8 dense(lt, m, static_cast<int>(p.n), static_cast<int>(p.k), workspace.data, workspace_bytes);
             p.cublas_fp8_us = timer.median_us([&] { dense.run(dense_w, dense_x, dense_out.data); });
           }
-          const void* dense_w16 = bf16 ? dense_w : dense_w_bf16.data;  // expert 0's weights in bf16 mode
-          const void* dense_x16 = bf16 ? dense_x : dense_x_bf16.data;
-          const float alpha = 1.0f, beta = 0.0f;
-          p.cublas_bf16_us = timer.median_us([&] {
-            BENCH_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(m),
-                                            static_cast<int>(p.k), &alpha, dense_w16, CUDA_R_16BF,
-                                            static_cast<int>(p.k), dense_x16, CUDA_R_16BF, static_cast<int>(p.k),
-                                            &beta, dense_out.data, CUDA_R_16BF, static_cast<int>(p.n),
-                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-          });
+          if (!fp4_group) {  // W4A8: the FP8 dense GEMM is the denominator; no BF16 run
+            const void* dense_w16 = bf16 ? dense_w : dense_w_bf16.data;  // expert 0's weights in bf16 mode
+            const void* dense_x16 = bf16 ? dense_x : dense_x_bf16.data;
+            const float alpha = 1.0f, beta = 0.0f;
+            p.cublas_bf16_us = timer.median_us([&] {
+              BENCH_CUBLAS_CHECK(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.n), static_cast<int>(m),
+                                              static_cast<int>(p.k), &alpha, dense_w16, CUDA_R_16BF,
+                                              static_cast<int>(p.k), dense_x16, CUDA_R_16BF, static_cast<int>(p.k),
+                                              &beta, dense_out.data, CUDA_R_16BF, static_cast<int>(p.n),
+                                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            });
+          }
         }
         std::printf("%-10s %5d %5s | %9.1f %8.1f %8.1f | %9.1f %8.1f %6.2f | %8.1f\n", model.c_str(), rows,
                     p.gemm.c_str(), p.us, p.flops() / p.us * 1e-6, p.weight_bytes() / p.us * 1e-3, p.denominator_us(),
-                    p.flops() / p.denominator_us() * 1e-6, p.denominator_us() / p.us, p.flops() / p.cublas_bf16_us * 1e-6);
+                    p.flops() / p.denominator_us() * 1e-6, p.denominator_us() / p.us,
+                    p.cublas_bf16_us > 0 ? p.flops() / p.cublas_bf16_us * 1e-6 : 0.0);
         std::fflush(stdout);
         points.push_back(p);
       }
@@ -338,7 +411,8 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                            {"ratio_vs_cublas_bf16", p.cublas_bf16_us / p.us}});
         continue;
       }
-      records.push_back({{"model", p.model}, {"gemm", p.gemm}, {"rows_per_expert", p.rows}, {"experts", p.experts},
+      records.push_back({{"format", p.fp4_group == 16 ? "nvfp4" : p.fp4_group == 32 ? "mxfp4" : "fp8_block"},
+                         {"model", p.model}, {"gemm", p.gemm}, {"rows_per_expert", p.rows}, {"experts", p.experts},
                          {"n", p.n}, {"k", p.k}, {"us", p.us}, {"tflops", p.flops() / p.us * 1e-6},
                          {"weight_gbps", p.weight_bytes() / p.us * 1e-3}, {"cublas_fp8_us", p.cublas_fp8_us},
                          {"cublas_fp8_tflops", p.flops() / p.cublas_fp8_us * 1e-6},

@@ -12,7 +12,9 @@ struct GemmBenchOptions {
   std::vector<int> rows_per_expert{8, 32, 128, 512, 1024, 2048, 4096};
   int experts = 32;
   int repeats = 20;
-  std::string format = "fp8";  // "fp8": FP8-block kernels vs cuBLASLt FP8; "bf16": BF16 kernels vs cuBLAS BF16
+  // "fp8": FP8-block kernels vs cuBLASLt FP8; "nvfp4" / "mxfp4": W4A8 kernels vs cuBLASLt FP8 (no BF16
+  // baseline); "bf16": BF16 kernels vs cuBLAS BF16
+  std::string format = "fp8";
   std::string json_path;  // empty: no JSON file
   int rows_hint = 0;            // tile-choice hint passed to the kernels (0 = the actual rows per expert)
   bool skip_cublas = false;     // skip the cuBLAS denominators (A/B runs of one kernel knob)

@@ -23,7 +23,7 @@ step test_gpu 240 ctest --test-dir "$build" -L gpu --output-on-failure --timeout
 step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
 if [ "${SANITIZE:-1}" = 1 ]; then
   step memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
-       --gtest_filter="${SANITIZE_FILTER:-GroupedGemmFp8.PlainSplitNSmallGroups:RouterCuda.*:*Bf16*Small*}"
+       --gtest_filter="${SANITIZE_FILTER:-GroupedGemmFp8.PlainSplitNSmallGroups:RouterCuda.*:*Bf16*Small*:GroupedGemmW4a8.PlainRandomShapes}"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
   rows="1024 4096"; [ "${QUICK:-0}" = 1 ] || rows="32 128 1024 4096"
@@ -31,6 +31,9 @@ if [ "${BENCH:-1}" = 1 ]; then
   step bench_gemm 150 "$cli" bench gemm --models dsv3 ms4 qwen3-30b --rows $rows --json "$out/bench_gemm.json"
   # shellcheck disable=SC2086
   step bench_gemm_bf16 120 "$cli" bench gemm --format bf16 --models dsv3 qwen3-30b --rows $rows --json "$out/bench_gemm_bf16.json"
+  # shellcheck disable=SC2086
+  step bench_gemm_w4a8 120 bash -c "'$cli' bench gemm --format nvfp4 --models dsv3 qwen3-30b --rows $rows --json '$out/bench_gemm_nvfp4.json' &&
+       '$cli' bench gemm --format mxfp4 --models dsv3 qwen3-30b --rows $rows --json '$out/bench_gemm_mxfp4.json'"
   step bench_ep 90 "$cli" bench ep --ranks 2 --tokens 4096 --hidden 7168 --top-k 8 --experts 256 --iters 20 \
        --json "$out/bench_ep_4096.json"
   step bench_layer 200 "$cli" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block \
@@ -40,7 +43,7 @@ if [ "${BENCH:-1}" = 1 ]; then
   step bench_layer_bf16 120 "$cli" bench layer --backend reference,staged --check --preset qwen3-30b --format bf16 \
        --tokens 32 --iters 3 --json "$out/bench_layer_bf16.json"
 fi
-for name in bench_gemm bench_gemm_bf16 bench_ep bench_layer bench_layer_bf16 bench_attention; do
+for name in bench_gemm bench_gemm_bf16 bench_gemm_w4a8 bench_ep bench_layer bench_layer_bf16 bench_attention; do
   [ -f "$out/$name.log" ] && { echo "== $name"; tail -n 24 "$out/$name.log"; }
 done
 grep -h -E "tests passed|tests failed" "$out"/test_*.log 2>/dev/null

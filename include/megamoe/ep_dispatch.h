@@ -13,17 +13,20 @@
 //   amax floored at 1e-10, __fdiv_rn, RNE, saturating); kBf16: the row is copied.
 // - The receiver learns its counts from device counters (never the host) and groups the rows by
 //   local expert: a token with two experts on this rank appears in two grouped rows. Row order inside
-//   an expert is unspecified (atomics); every row carries its RowSource, and results never depend on
-//   the order.
-// - combine(): grouped row m's BF16 output goes back to its source rank, into slot (token, topk
-//   slot); the source then computes, for each token t,
-//       acc = 0; for j in 0..top_k-1 (in order): if ids[t,j] >= 0: acc = fmaf(w[t,j], y[t,j], acc)
-//       out[t] = bf16_rne(acc)          (w = 1 when apply_weights is false)
-//   which is deterministic and independent of the number of ranks.
+//   an expert is unspecified; every row carries its RowSource, and results never depend on the order.
+// - combine(): each rank reduces, for every token it received, the BF16 outputs of its local experts
+//   and sends one BF16 row back to the source (one row per (token, rank), not per (token, slot)):
+//       partial[t, r] = bf16_rne(acc), acc = 0; for j in 0..top_k-1 (in order) with ids[t,j] on rank r:
+//                                               acc = fmaf(w[t,j], y[t,j], acc)
+//       out[t] = bf16_rne(sum over ranks r in order that hold one of t's experts of float(partial[t, r]))
+//   (w = 1 when apply_weights is false). Deterministic; with all of a token's experts on one rank (and
+//   always with one rank) out = bf16_rne(fp32 fmaf sum over its slots in order), otherwise each
+//   rank's partial is rounded to BF16 once before the fp32 sum.
 // - Capacity: T <= max_tokens_per_rank is checked on the host before anything is launched.
 //   dispatch() and combine() must alternate; both are collective and CUDA-graph capturable.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 
@@ -81,6 +84,11 @@ class EpDispatcher {
   // stream sync; reads device counters).
   struct Traffic { uint64_t dispatch_bytes, combine_bytes; };
   Traffic last_remote_traffic(StreamHandle stream) const;
+  // Diagnostics (`megamoe bench ep`): with timing on, dispatch()/combine() record CUDA events around
+  // each kernel; last_kernel_times_us() (after a stream sync) returns {layout, send, receive,
+  // combine send, combine reduce} of the latest calls in microseconds. Leave off under graph capture.
+  void enable_kernel_timing(bool on);
+  std::array<float, 5> last_kernel_times_us() const;
   // Idempotent; later calls throw.
   void destroy();
 

@@ -18,6 +18,8 @@ struct EpDispatcher::Impl {
   std::vector<void*> allocations;
   bool destroyed = false;
   int last_tokens = -1;
+  std::array<cudaEvent_t, 7> marks{};  // kernel timing: 4 around dispatch, 3 around combine
+  bool timing = false;
 
   void* device_alloc(size_t bytes) {
     void* p = nullptr;
@@ -39,6 +41,8 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   MEGAMOE_CHECK(c.top_k >= 1 && c.top_k <= 32, "EpDispatchConfig.top_k = ", c.top_k, " must be in [1, 32]");
   MEGAMOE_CHECK(c.num_experts >= R && c.num_experts % R == 0, "EpDispatchConfig.num_experts = ", c.num_experts,
                 " must be a positive multiple of ranks = ", R);
+  MEGAMOE_CHECK(c.num_experts <= kernels::kEpMaxExperts, "EpDispatchConfig.num_experts = ", c.num_experts,
+                " must be <= ", kernels::kEpMaxExperts);
   MEGAMOE_CHECK(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank <= (1 << 20),
                 "EpDispatchConfig.max_tokens_per_rank = ", c.max_tokens_per_rank, " must be in [1, 2^20]");
   auto& m = *impl_;
@@ -65,11 +69,12 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   p.epoch = static_cast<uint64_t*>(m.device_alloc(sizeof(uint64_t)));
   p.token_dest_slot = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * C * R));
   p.send_count = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * kMaxEpRanks));
+  p.send_expert_counts = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * c.num_experts));
+  p.slot_pos = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * C * k));
   p.saved_ids = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * C * k));
   p.saved_weights = static_cast<float*>(m.device_alloc(sizeof(float) * C * k));
-  p.expert_counts = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * local_experts));
-  p.expert_cursors = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * local_experts));
   p.expert_offsets = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * (local_experts + 1)));
+  p.recv_slot_row = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * R * C * k));
   p.traffic = static_cast<uint64_t*>(m.device_alloc(sizeof(uint64_t) * 2));
   p.grouped_x = m.device_alloc(max_rows * H * payload);
   p.grouped_scales = p.fp8 ? static_cast<float*>(m.device_alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;
@@ -121,7 +126,7 @@ void EpDispatcher::dispatch(const TensorView& hidden, const TensorView& topk_ids
   p.hidden_in = static_cast<const __nv_bfloat16*>(hidden.data);
   p.topk_ids = static_cast<const int32_t*>(topk_ids.data);
   p.topk_weights = static_cast<const float*>(topk_weights.data);
-  kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream));
+  kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() : nullptr);
   m.last_tokens = static_cast<int>(T);
 }
 
@@ -137,7 +142,7 @@ void EpDispatcher::combine(const void* expert_out, const TensorView& out, Stream
   p.expert_out = static_cast<const __nv_bfloat16*>(expert_out);
   p.out = static_cast<__nv_bfloat16*>(out.data);
   p.apply_weights = apply_weights;
-  kernels::launch_ep_combine(p, static_cast<cudaStream_t>(stream));
+  kernels::launch_ep_combine(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() + 4 : nullptr);
 }
 
 EpDispatcher::Traffic EpDispatcher::last_remote_traffic(StreamHandle stream) const {
@@ -149,9 +154,33 @@ EpDispatcher::Traffic EpDispatcher::last_remote_traffic(StreamHandle stream) con
   return Traffic{counters[0], counters[1] * static_cast<uint64_t>(impl_->config.hidden) * 2};
 }
 
+void EpDispatcher::enable_kernel_timing(bool on) {
+  auto& m = *impl_;
+  m.require_alive("enable_kernel_timing");
+  if (on && !m.marks[0])
+    for (auto& e : m.marks) MEGAMOE_CUDA_CHECK(cudaEventCreate(&e));
+  m.timing = on;
+}
+
+std::array<float, 5> EpDispatcher::last_kernel_times_us() const {
+  const auto& m = *impl_;
+  m.require_alive("last_kernel_times_us");
+  MEGAMOE_CHECK(m.timing, "EpDispatcher::last_kernel_times_us needs enable_kernel_timing(true) before the calls");
+  std::array<float, 5> us{};
+  const int from[5] = {0, 1, 2, 4, 5};
+  for (int i = 0; i < 5; ++i) {
+    float ms = 0;
+    MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, m.marks[from[i]], m.marks[from[i] + 1]));
+    us[i] = ms * 1000;
+  }
+  return us;
+}
+
 void EpDispatcher::destroy() {
   if (!impl_ || impl_->destroyed) return;
   impl_->destroyed = true;
+  for (auto& e : impl_->marks)
+    if (e) cudaEventDestroy(e);
   // The symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
   for (void* p : impl_->allocations) cudaFree(p);
   impl_->allocations.clear();

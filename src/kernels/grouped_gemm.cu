@@ -30,15 +30,16 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-CUtensorMap make_tensor_map(const void* base, uint64_t inner, uint64_t outer, uint32_t box_outer) {
+CUtensorMap make_tensor_map(const void* base, uint64_t inner, uint64_t outer, uint32_t box_outer,
+                            uint32_t box_inner = sm90::kBlockK, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   CUtensorMap map{};
   const cuuint64_t dims[2] = {inner, outer};
   const cuuint64_t strides[1] = {inner};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(sm90::kBlockK), box_outer};
+  const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult status = tensor_map_encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (status != CUDA_SUCCESS) {
     MEGAMOE_FAIL("cuTensorMapEncodeTiled failed (CUresult ", static_cast<int>(status), ") for a [", outer, ", ", inner,
@@ -171,6 +172,10 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
 namespace detail {  // shared with grouped_gemm_bf16.cu (grouped_gemm_internal.h)
 CUtensorMap make_grouped_gemm_tensor_map(const void* base, uint64_t inner_bytes, uint64_t outer, uint32_t box_outer) {
   return make_tensor_map(base, inner_bytes, outer, box_outer);
+}
+CUtensorMap make_byte_tensor_map(const void* base, uint64_t inner_bytes, uint64_t outer, uint32_t box_inner_bytes,
+                                 uint32_t box_outer, CUtensorMapSwizzle swizzle) {
+  return make_tensor_map(base, inner_bytes, outer, box_outer, box_inner_bytes, swizzle);
 }
 int grouped_gemm_sm_count() { return multiprocessor_count(); }
 void check_grouped_gemm_pointer(const void* pointer, const char* field) { check_aligned(pointer, field); }

@@ -168,6 +168,96 @@ struct GroupedGemmBf16Args {
 };
 void grouped_gemm_bf16(const GroupedGemmBf16Args& args, cudaStream_t stream);
 
-// NOT IMPLEMENTED YET (issue 3, step 5): W4A8 (NVFP4/MXFP4) grouped GEMMs.
+// ---- W4A8: NVFP4 / MXFP4 weights x FP8 activations (src/kernels/sm90_w4a8_grouped_gemm.cuh, API in
+// grouped_gemm_w4a8.cu, layout transform in grouped_gemm_w4a8_layout.cpp, docs/grouped_gemm.md "W4A8") --
+// The kernel decodes the FP4 weights to FP8 E4M3 in shared memory inside the mainloop and runs the FP8
+// wgmma on them, FP32 accumulation with per-128-K promotion, exactly like the FP8-block path with a
+// per-(128 rows x 128 K) weight block factor. The decode is defined per 128x128 weight block B:
+//   p(B)      = the largest integer with 6 * max_{scales s in B} |s| * 2^p <= 448 (p = 0 if all are 0)
+//               (s = e4m3(group scale) for NVFP4, 2^(e8m0 - 127) for MXFP4)
+//   w8[n, k]  = e4m3_rn(e2m1(code[n, k]) * s[n, k / group] * 2^p(B))   (one RNE rounding, never saturates)
+//   factor(B) = global(n) * 2^-p(B)   (NVFP4 global of the row's half; MXFP4: 2^-p(B))   (FP32, exact)
+//   out[r, n] = sum_kb (sum_{k in kb} e4m3(a[r,k]) * w8[n,k]) * (a_scale[r,kb] * factor(n/128, kb))
+// MXFP4: w8 equals e2m1 * scale * 2^p exactly (no rounding) whenever that value is >= 2^-9 (E4M3's
+// smallest subnormal), i.e. whenever every scale of a 128x128 block is >= 2^-14 x the block's largest.
+// NVFP4: e2m1 x E4M3 scale has up to 6 significant bits, E4M3 keeps 4: w8 is that product rounded to
+// nearest even (relative error <= 2^-4; exact when the scale's mantissa is 0, .25 or .5, e.g. power-of-
+// two scales). The power of two 2^p keeps the largest |e2m1 * s| of a block in (224, 448], so scales up
+// to 448 (6 * 448 = 2688 > 448) never saturate.
+//
+// Packed layout per expert (made once at load time by pack_w4a8_expert_weights), N = rows in the
+// kernel's row order (W13: gate/up interleaved by 128 rows as for FP8; W2: canonical), K = cols:
+//   data         [N, K/2] bytes: each little-endian 32-bit word holds 8 K-consecutive values v0..v7 with
+//                magnitude bits (e2m1 code & 7) of v_i at bits 4i..4i+2 (i < 4) / 16+4(i-4).. (i >= 4) and
+//                the sign of v_i at bit 8i+7 (i < 4) / 8(i-4)+3 (i >= 4): one prmt + one lop3 per 4 values.
+//   group_scales [K/128, N, 128/group] bytes (NVFP4: 8 E4M3 per row per 128 K; MXFP4: 4 UE8M0), the
+//                canonical scale bytes regrouped so that one 128-K slice of a 256-row tile is contiguous.
+//   blocks       [N/128, K/128] W4a8BlockScale {factor(B), p(B)}.
+// Requirements (checked): N % 256 == 0 (the kernel's tiles are 256 columns: GEMM 1 2I, GEMM 2 H),
+// K % 128 == 0; NaN group scales (E4M3 0x7F/0xFF, UE8M0 255) are rejected at pack time.
+struct W4a8BlockScale {
+  float factor = 0.0f;         // FP32 promotion factor of the 128x128 block
+  int32_t decode_exponent = 0;  // p: the decoded FP8 value is e2m1 * scale * 2^p
+};
+struct PackedW4a8Size {
+  size_t data_bytes = 0;         // N * K / 2
+  size_t group_scale_bytes = 0;  // N * K / group
+  size_t block_count = 0;        // (N / 128) * (K / 128)
+};
+PackedW4a8Size packed_w4a8_size(WeightFormat format, int64_t rows, int64_t cols);
+// `canonical`: one expert's kNvfp4 / kMxfp4 matrix (formats.h); outputs are host buffers of the sizes above.
+void pack_w4a8_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole role, uint8_t* data_out,
+                              uint8_t* group_scales_out, W4a8BlockScale* blocks_out);
+
+// Device pointers to the packed weights of all experts (expert e at e * the per-expert sizes).
+struct W4a8Weights {
+  WeightFormat format = WeightFormat::kNvfp4;  // kNvfp4 or kMxfp4
+  const uint8_t* data = nullptr;               // [E, N, K/2]
+  const uint8_t* group_scales = nullptr;       // [E, K/128, N, 128/group]
+  const W4a8BlockScale* blocks = nullptr;      // [E, N/128, K/128]
+};
+
+// GEMM 1 (gate+up, activation, optional top-k weight, FP8 requant): the FP8 GEMM 1 epilogue, bit for bit
+// the same rules (see above), on W4A8 weights.
+struct GroupedGemm1W4a8Args {
+  const uint8_t* a = nullptr;           // [m_capacity, hidden] E4M3
+  const float* a_scales = nullptr;      // [m_capacity, hidden/128]
+  W4a8Weights weights;                  // packed W13, N = 2*intermediate, K = hidden
+  const int32_t* expert_offsets = nullptr;  // device [E+1]
+  const float* topk_weights = nullptr;  // optional, [m_capacity]
+  uint8_t* out = nullptr;               // [m_capacity, intermediate] E4M3
+  float* out_scales = nullptr;          // [m_capacity, intermediate/128]
+  int64_t m_capacity = 0;
+  int num_experts = 0, hidden = 0, intermediate = 0;
+  Activation activation{};
+  int rows_per_expert_hint = 0;
+};
+void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream);
+
+// GEMM 2 (down projection) on W4A8 weights: BF16 out.
+struct GroupedGemm2W4a8Args {
+  const uint8_t* a = nullptr;           // [m_capacity, intermediate] E4M3
+  const float* a_scales = nullptr;      // [m_capacity, intermediate/128]
+  W4a8Weights weights;                  // packed W2, N = hidden, K = intermediate
+  const int32_t* expert_offsets = nullptr;
+  uint16_t* out = nullptr;              // [m_capacity, hidden] BF16
+  int64_t m_capacity = 0;
+  int num_experts = 0, hidden = 0, intermediate = 0;
+  int rows_per_expert_hint = 0;
+};
+void grouped_gemm2_w4a8(const GroupedGemm2W4a8Args& args, cudaStream_t stream);
+
+// Plain W4A8 grouped GEMM with BF16 out, n % 256 == 0, k % 128 == 0 (role kDown packing).
+struct GroupedGemmW4a8Args {
+  const uint8_t* a = nullptr;           // [m_capacity, k]
+  const float* a_scales = nullptr;      // [m_capacity, k/128]
+  W4a8Weights weights;                  // N = n, K = k
+  const int32_t* expert_offsets = nullptr;
+  uint16_t* out = nullptr;              // [m_capacity, n] BF16
+  int64_t m_capacity = 0;
+  int num_experts = 0, n = 0, k = 0;
+  int rows_per_expert_hint = 0;
+};
+void grouped_gemm_w4a8_bf16out(const GroupedGemmW4a8Args& args, cudaStream_t stream);
 
 }  // namespace megamoe::kernels

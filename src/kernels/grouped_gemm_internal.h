@@ -11,6 +11,9 @@ namespace megamoe::kernels::detail {
 // 2D byte tensor map [outer, inner_bytes] read in boxes of [box_outer, 128 bytes] with the 128-byte
 // swizzle of the wgmma descriptors; out-of-range rows read as zeros.
 CUtensorMap make_grouped_gemm_tensor_map(const void* base, uint64_t inner_bytes, uint64_t outer, uint32_t box_outer);
+// General form: box [box_outer, box_inner_bytes] with the given swizzle (W4A8 FP4 tiles: 64 bytes, 64B).
+CUtensorMap make_byte_tensor_map(const void* base, uint64_t inner_bytes, uint64_t outer, uint32_t box_inner_bytes,
+                                 uint32_t box_outer, CUtensorMapSwizzle swizzle);
 int grouped_gemm_sm_count();
 // Throws megamoe::Error naming `field` unless non-null and 16-byte aligned.
 void check_grouped_gemm_pointer(const void* pointer, const char* field);

@@ -36,66 +36,138 @@ __device__ inline int block_exclusive_scan(int value, int* scratch, int* total) 
 }
 
 // One block. Validates ids, assigns every (token, destination rank) a slot in the destination's
-// receive block, saves ids/weights for combine, resets the receive-side counters, bumps the epoch.
-// NOTES: slots are assigned in token order (deterministic); chunk-per-thread keeps it one pass.
+// receive block and every valid (token, slot) a position among this rank's rows of its expert, saves
+// ids/weights for combine, bumps the epoch.
+// NOTES:
+// - Tokens go in tiles of kEpLayoutThreads, thread i owning token tile + i (coalesced; all k ids of a
+//   token are loaded before anything is stored, so the loads overlap). Receive slots follow token
+//   order: slot = slots of earlier tiles + earlier warps of this tile (one warp scan per rank) +
+//   earlier lanes of this warp (ballot + popc). Deterministic.
+// - Positions inside an expert come from shared-memory atomics, so the row order inside an expert
+//   is unspecified (results never depend on it: every grouped row is computed independently).
 __global__ void __launch_bounds__(kEpLayoutThreads) ep_layout_kernel(EpParams p) {
+  static_assert(kEpLayoutThreads == 32 * 32, "the per-tile warp scan assumes 32 warps");
   if (ep_device::group_failed(p.ctx)) return;
-  __shared__ int scratch[32];
-  const int T = p.num_tokens, R = p.ctx.ranks, k = p.top_k;
-  const int chunk = (T + blockDim.x - 1) / blockDim.x;
-  const int begin = min(T, static_cast<int>(threadIdx.x) * chunk), end = min(T, begin + chunk);
-  int counts[kMaxEpRanks];
-#pragma unroll
-  for (int r = 0; r < kMaxEpRanks; ++r) counts[r] = 0;
-  for (int t = begin; t < end; ++t) {
+  extern __shared__ int expert_fill[];                  // [E]
+  __shared__ int warp_slot_base[kMaxEpRanks][32];       // per tile: first slot of (rank, warp)
+  __shared__ int rank_slots[kMaxEpRanks];               // slots assigned by earlier tiles
+  const int T = p.num_tokens, R = p.ctx.ranks, k = p.top_k, E = p.num_experts;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) expert_fill[e] = 0;
+  if (threadIdx.x < kMaxEpRanks) rank_slots[threadIdx.x] = 0;
+  __syncthreads();
+  for (int tile = 0; tile < T; tile += blockDim.x) {
+    const int t = tile + static_cast<int>(threadIdx.x);
     unsigned mask = 0;
-    for (int j = 0; j < k; ++j) {
-      int id = p.topk_ids[t * k + j];
-      if (id < -1 || id >= p.num_experts) {
-        ep_device::record_error(p.ctx, 2u, EpPhase::kInvalidInput, id, 0, /*fail_group=*/false);
-        id = -1;
+    if (t < T) {
+      for (int j0 = 0; j0 < k; j0 += 8) {
+        int ids[8];
+        float weights[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+          if (j0 + u < k) {
+            ids[u] = __ldg(p.topk_ids + static_cast<size_t>(t) * k + j0 + u);
+            weights[u] = __ldg(p.topk_weights + static_cast<size_t>(t) * k + j0 + u);
+          }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          if (j0 + u >= k) break;
+          const size_t at = static_cast<size_t>(t) * k + j0 + u;
+          int id = ids[u];
+          if (id < -1 || id >= E) {
+            ep_device::record_error(p.ctx, 2u, EpPhase::kInvalidInput, id, 0, /*fail_group=*/false);
+            id = -1;
+          }
+          p.saved_ids[at] = id;
+          p.saved_weights[at] = weights[u];
+          if (id >= 0) {
+            mask |= 1u << (id / p.experts_per_rank);
+            p.slot_pos[at] = atomicAdd(expert_fill + id, 1);
+          }
+        }
       }
-      p.saved_ids[t * k + j] = id;
-      p.saved_weights[t * k + j] = p.topk_weights[t * k + j];
-      if (id >= 0) mask |= 1u << (id / p.experts_per_rank);
     }
+    int in_warp[kMaxEpRanks];  // slots of earlier lanes of this warp, per rank
 #pragma unroll
-    for (int r = 0; r < kMaxEpRanks; ++r) counts[r] += (mask >> r) & 1u;
-  }
-  int base[kMaxEpRanks];
+    for (int r = 0; r < kMaxEpRanks; ++r) {
+      in_warp[r] = 0;
+      if (r < R) {
+        const unsigned bits = __ballot_sync(0xffffffffu, (mask >> r) & 1u);
+        in_warp[r] = __popc(bits & ((1u << lane) - 1u));
+        if (lane == 0) warp_slot_base[r][warp] = __popc(bits);
+      }
+    }
+    __syncthreads();
+    if (warp < R) {  // warp r: exclusive scan of rank r's per-warp counts, offset by earlier tiles
+      const int count = warp_slot_base[warp][lane];
+      int inclusive = count;
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
+        if (lane >= d) inclusive += v;
+      }
+      const int before = rank_slots[warp];
+      warp_slot_base[warp][lane] = before + inclusive - count;
+      __syncwarp();
+      if (lane == 31) rank_slots[warp] = before + inclusive;
+    }
+    __syncthreads();
+    if (t < T) {
 #pragma unroll
-  for (int r = 0; r < kMaxEpRanks; ++r) {
-    if (r < R) {
-      int total = 0;
-      base[r] = block_exclusive_scan(counts[r], scratch, &total);
-      if (threadIdx.x == 0) p.send_count[r] = total;
+      for (int r = 0; r < kMaxEpRanks; ++r)
+        if (r < R) p.token_dest_slot[t * R + r] = ((mask >> r) & 1u) ? warp_slot_base[r][warp] + in_warp[r] : -1;
     }
+    __syncthreads();  // warp_slot_base is rewritten by the next tile
   }
-  for (int t = begin; t < end; ++t) {
-    unsigned mask = 0;
-    for (int j = 0; j < k; ++j) {
-      const int id = p.saved_ids[t * k + j];
-      if (id >= 0) mask |= 1u << (id / p.experts_per_rank);
-    }
-    for (int r = 0; r < R; ++r) p.token_dest_slot[t * R + r] = ((mask >> r) & 1u) ? base[r]++ : -1;
-  }
-  const int local_experts = p.experts_per_rank;
-  for (int e = threadIdx.x; e < local_experts; e += blockDim.x) {
-    p.expert_counts[e] = 0;
-    p.expert_cursors[e] = 0;
-  }
+  if (threadIdx.x < R) p.send_count[threadIdx.x] = rank_slots[threadIdx.x];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) p.send_expert_counts[e] = expert_fill[e];
   if (threadIdx.x == 0) {
     *p.epoch += 1;
     p.traffic[1] = 0;  // combine's remote row counter
   }
 }
 
+// Quantizes 16 consecutive BF16 channels (one lane's share; 8 lanes = one 128-channel group) exactly
+// like formats::quantize_fp8_activations. All 32 lanes must call it (shuffles).
+__device__ __forceinline__ uint4 quantize16_fp8(const uint4& lo, const uint4& hi, float* scale_out) {
+  const __nv_bfloat16* v_lo = reinterpret_cast<const __nv_bfloat16*>(&lo);
+  const __nv_bfloat16* v_hi = reinterpret_cast<const __nv_bfloat16*>(&hi);
+  float v[16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[i] = __bfloat162float(v_lo[i]);
+    v[8 + i] = __bfloat162float(v_hi[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+  amax = fmaxf(amax, 1e-10f);  // formats::kFp8ScaleEps
+  const float scale = __fdiv_rn(amax, 448.0f);
+  uint32_t packed[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn(v[4 * w + b], scale), __NV_SATFINITE, __NV_E4M3);
+      word |= static_cast<uint32_t>(q) << (8 * b);
+    }
+    packed[w] = word;
+  }
+  *scale_out = scale;
+  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
 // Grid kEpSendBlocks x (32 * kEpWarpsPerBlock). One warp per token: each lane owns 16 consecutive
 // channels per step (8 lanes = one 128-channel scale group), quantizes them (fp8) and stores 16 B to
-// every destination rank's receive row. Afterwards every block bumps each destination's arrival
-// counter (release), block 0 first publishing the row count.
+// every destination rank's receive row. Loads of kSendBatch steps are issued before any store (the
+// row is read once, several requests in flight per lane). Afterwards every block bumps each
+// destination's arrival counter (release); block 0 first publishes the row and per-expert counts.
 __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel(EpParams p) {
   if (ep_device::group_failed(p.ctx)) return;
+  constexpr int kSendBatch = 4;
   const int lane = threadIdx.x & 31;
   const int warp_global = blockIdx.x * kEpWarpsPerBlock + (threadIdx.x >> 5);
   const int R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = p.num_scale_groups();
@@ -106,71 +178,61 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel
     for (int r = 0; r < kMaxEpRanks; ++r)
       dest_row[r] = r < R && p.token_dest_slot[t * R + r] >= 0 ? me * p.capacity + p.token_dest_slot[t * R + r] : -1;
     const uint4* src = reinterpret_cast<const uint4*>(p.hidden_in + static_cast<size_t>(t) * H);
-    const int chunks = H / 16;
-    for (int c0 = 0; c0 < chunks; c0 += 32) {
-      const int c = c0 + lane;
-      const bool active = c < chunks;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (active) {
-        lo = __ldg(src + 2 * c);
-        hi = __ldg(src + 2 * c + 1);
+    const int chunks = H / 16;  // multiple of 8: a scale group's 8 lanes are all active or all idle
+    for (int c0 = 0; c0 < chunks; c0 += 32 * kSendBatch) {
+      uint4 lo[kSendBatch], hi[kSendBatch];
+#pragma unroll
+      for (int u = 0; u < kSendBatch; ++u) {
+        const int c = c0 + u * 32 + lane;
+        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+        if (c < chunks) {
+          lo[u] = __ldg(src + 2 * c);
+          hi[u] = __ldg(src + 2 * c + 1);
+        }
       }
-      if (p.fp8) {
-        const __nv_bfloat16* v_lo = reinterpret_cast<const __nv_bfloat16*>(&lo);
-        const __nv_bfloat16* v_hi = reinterpret_cast<const __nv_bfloat16*>(&hi);
-        float v[16];
-        float amax = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          v[i] = __bfloat162float(v_lo[i]);
-          v[8 + i] = __bfloat162float(v_hi[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[i]));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
-        amax = fmaxf(amax, 1e-10f);  // formats::kFp8ScaleEps
-        const float scale = __fdiv_rn(amax, 448.0f);
-        uint32_t packed[4];
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          uint32_t word = 0;
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(__fdiv_rn(v[4 * w + b], scale), __NV_SATFINITE, __NV_E4M3);
-            word |= static_cast<uint32_t>(q) << (8 * b);
-          }
-          packed[w] = word;
-        }
-        if (active) {
-          const uint4 q = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      for (int u = 0; u < kSendBatch; ++u) {
+        const int c = c0 + u * 32 + lane;
+        if (c0 + u * 32 >= chunks) break;  // warp-uniform
+        const bool active = c < chunks;
+        if (p.fp8) {
+          float scale;
+          const uint4 q = quantize16_fp8(lo[u], hi[u], &scale);
+          if (active)
+            for (int r = 0; r < R; ++r) {
+              if (dest_row[r] < 0) continue;
+              uint8_t* row = p.region<uint8_t>(r, p.layout.recv_x) + static_cast<size_t>(dest_row[r]) * H;
+              reinterpret_cast<uint4*>(row)[c] = q;
+              if ((lane & 7) == 0)
+                p.region<float>(r, p.layout.recv_scales)[static_cast<size_t>(dest_row[r]) * S + c / 8] = scale;
+            }
+        } else if (active) {
           for (int r = 0; r < R; ++r) {
             if (dest_row[r] < 0) continue;
-            uint8_t* row = p.region<uint8_t>(r, p.layout.recv_x) + static_cast<size_t>(dest_row[r]) * H;
-            reinterpret_cast<uint4*>(row)[c] = q;
-            if ((lane & 7) == 0)
-              p.region<float>(r, p.layout.recv_scales)[static_cast<size_t>(dest_row[r]) * S + c / 8] = scale;
+            uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
+                                                  static_cast<size_t>(dest_row[r]) * H);
+            row[2 * c] = lo[u];
+            row[2 * c + 1] = hi[u];
           }
-        }
-      } else if (active) {
-        for (int r = 0; r < R; ++r) {
-          if (dest_row[r] < 0) continue;
-          uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
-                                                static_cast<size_t>(dest_row[r]) * H);
-          row[2 * c] = lo;
-          row[2 * c + 1] = hi;
         }
       }
     }
     for (int r = 0; r < R; ++r) {
       if (dest_row[r] < 0) continue;
       for (int j = lane; j < k; j += 32) {
-        p.region<int32_t>(r, p.layout.recv_ids)[static_cast<size_t>(dest_row[r]) * k + j] = p.saved_ids[t * k + j];
-        p.region<float>(r, p.layout.recv_weights)[static_cast<size_t>(dest_row[r]) * k + j] = p.saved_weights[t * k + j];
+        const size_t at = static_cast<size_t>(dest_row[r]) * k + j;
+        const int id = p.saved_ids[t * k + j];
+        p.region<int32_t>(r, p.layout.recv_ids)[at] = id;
+        p.region<int32_t>(r, p.layout.recv_pos)[at] = id >= 0 ? p.slot_pos[t * k + j] : -1;
+        p.region<float>(r, p.layout.recv_weights)[at] = p.saved_weights[t * k + j];
       }
       if (lane == 0) p.region<int32_t>(r, p.layout.recv_src_token)[dest_row[r]] = t;
     }
+  }
+  if (blockIdx.x == 0) {  // (sender me, local expert e) counts into every destination's window
+    const int local = p.experts_per_rank;
+    for (int i = threadIdx.x; i < R * local; i += blockDim.x)
+      p.region<int32_t>(i / local, p.layout.recv_expert_counts)[me * local + i % local] = p.send_expert_counts[i];
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -184,14 +246,14 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel
       uint64_t remote_rows = 0;
       for (int r = 0; r < R; ++r)
         if (r != me) remote_rows += p.send_count[r];
-      const uint64_t row_bytes = static_cast<uint64_t>(H) * (p.fp8 ? 1 : 2) + (p.fp8 ? 4ull * S : 0ull) + 8ull * k + 4;
+      const uint64_t row_bytes = static_cast<uint64_t>(H) * (p.fp8 ? 1 : 2) + (p.fp8 ? 4ull * S : 0ull) + 12ull * k + 4;
       p.traffic[0] = remote_rows * row_bytes;
     }
   }
 }
 
-// Waits (bounded) until every sender's dispatch blocks of this epoch have arrived. Call with all
-// threads; returns false when the group failed.
+// Waits (bounded) until every sender's blocks of this epoch have arrived. Call with all threads;
+// returns false when the group failed.
 __device__ inline bool wait_for_arrivals(const EpParams& p, size_t arrivals_offset, int blocks_per_sender, EpPhase phase) {
   __shared__ int ok;
   if (threadIdx.x == 0) {
@@ -206,81 +268,113 @@ __device__ inline bool wait_for_arrivals(const EpParams& p, size_t arrivals_offs
 }
 
 // Received row index space: sender s, row i < recv_count[s]  <->  flat s*C + i.
-// Counts rows per local expert (one per (row, slot) whose expert lives here).
-__global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_count_kernel(EpParams p) {
+// Grid kEpReceiveBlocks x (32 * kEpWarpsPerBlock), dynamic shared memory 4 * E bytes.
+// Every block derives the grouped layout from the senders' per-expert counts (no atomics):
+//   expert e's rows start at offsets[e] = sum_{e' < e} sum_s counts[s][e'], sender s's rows of e at
+//   offsets[e] + sum_{s' < s} counts[s'][e], and slot j of a received row at that base + recv_pos.
+// Then one warp per received row loads it once and stores it into the grouped row of every local
+// expert it selected (recording the grouped row per (row, slot) for combine).
+__global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpParams p) {
   if (ep_device::group_failed(p.ctx)) return;
   if (!wait_for_arrivals(p, p.layout.dispatch_arrivals, kEpSendBlocks, EpPhase::kDispatch)) return;
-  const int k = p.top_k, first = p.ctx.rank * p.experts_per_rank;
-  const volatile uint64_t* counts = p.region<uint64_t>(p.ctx.rank, p.layout.recv_count);
-  const int32_t* ids = p.region<int32_t>(p.ctx.rank, p.layout.recv_ids);
-  for (int s = 0; s < p.ctx.ranks; ++s) {
-    const int n = static_cast<int>(counts[s]);
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * k; i += gridDim.x * blockDim.x) {
-      const int e = ids[static_cast<size_t>(s) * p.capacity * k + i] - first;
-      if (e >= 0 && e < p.experts_per_rank) atomicAdd(p.expert_counts + e, 1);
+  extern __shared__ int row_base[];  // [R, El]: first grouped row of (sender s, local expert e)
+  __shared__ int scratch[32];
+  const int R = p.ctx.ranks, El = p.experts_per_rank, me = p.ctx.rank;
+  const volatile int32_t* counts = p.region<int32_t>(me, p.layout.recv_expert_counts);
+  int carry = 0;
+  for (int e0 = 0; e0 < El; e0 += blockDim.x) {
+    const int e = e0 + threadIdx.x;
+    int total = 0;
+    if (e < El)
+      for (int s = 0; s < R; ++s) total += counts[s * El + e];
+    int chunk_total = 0;
+    const int begin = carry + block_exclusive_scan(total, scratch, &chunk_total);
+    if (e < El) {
+      if (blockIdx.x == 0) p.expert_offsets[e] = begin;
+      int at = begin;
+      for (int s = 0; s < R; ++s) {
+        row_base[s * El + e] = at;
+        at += counts[s * El + e];
+      }
     }
+    carry += chunk_total;
   }
-}
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.expert_offsets[El] = carry;
+  __syncthreads();
 
-__global__ void ep_receive_offsets_kernel(EpParams p) {
-  if (ep_device::group_failed(p.ctx) || threadIdx.x != 0) return;
-  int at = 0;
-  for (int e = 0; e < p.experts_per_rank; ++e) {
-    p.expert_offsets[e] = at;
-    at += p.expert_counts[e];
-  }
-  p.expert_offsets[p.experts_per_rank] = at;
-}
-
-// One warp per received row: copies it into one grouped row per local expert it selected.
-__global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_scatter_kernel(EpParams p) {
-  if (ep_device::group_failed(p.ctx)) return;
+  constexpr int kBatch = 8;
   const int lane = threadIdx.x & 31;
   const int warp_global = blockIdx.x * kEpWarpsPerBlock + (threadIdx.x >> 5);
   const int warps = gridDim.x * kEpWarpsPerBlock;
-  const int k = p.top_k, H = p.hidden, S = p.num_scale_groups(), first = p.ctx.rank * p.experts_per_rank;
-  const int me = p.ctx.rank;
-  const uint64_t* counts = p.region<uint64_t>(me, p.layout.recv_count);
-  const size_t payload = p.fp8 ? 1 : 2;
-  for (int s = 0; s < p.ctx.ranks; ++s) {
-    const int n = static_cast<int>(counts[s]);
+  const int k = p.top_k, H = p.hidden, S = p.num_scale_groups(), first = me * El;
+  const volatile uint64_t* recv_count = p.region<uint64_t>(me, p.layout.recv_count);
+  const size_t row_bytes = static_cast<size_t>(H) * (p.fp8 ? 1 : 2);
+  const int words = static_cast<int>(row_bytes / 16);
+  for (int s = 0; s < R; ++s) {
+    const int n = static_cast<int>(recv_count[s]);
     for (int i = warp_global; i < n; i += warps) {
       const size_t row = static_cast<size_t>(s) * p.capacity + i;
-      const int32_t* ids = p.region<int32_t>(me, p.layout.recv_ids) + row * k;
-      const float* weights = p.region<float>(me, p.layout.recv_weights) + row * k;
-      const uint4* src = reinterpret_cast<const uint4*>(p.region<uint8_t>(me, p.layout.recv_x) + row * H * payload);
-      const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;
-      const int token = p.region<int32_t>(me, p.layout.recv_src_token)[row];
-      for (int j = 0; j < k; ++j) {
-        const int e = ids[j] - first;
-        if (e < 0 || e >= p.experts_per_rank) continue;
-        int dst = 0;
-        if (lane == 0) dst = p.expert_offsets[e] + atomicAdd(p.expert_cursors + e, 1);
-        dst = __shfl_sync(0xffffffffu, dst, 0);
-        uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(dst) * H * payload);
-        warp_copy16(out, src, static_cast<int>(H * payload / 16), lane);
-        if (p.fp8)
-          for (int g = lane; g < S; g += 32) p.grouped_scales[static_cast<size_t>(dst) * S + g] = src_scales[g];
-        if (lane == 0) {
-          p.grouped_sources[dst] = RowSource{s, token, j, weights[j]};
-          p.grouped_weights[dst] = weights[j];
+      int dst = -1;
+      if (lane < k) {
+        const int e = p.region<int32_t>(me, p.layout.recv_ids)[row * k + lane] - first;
+        if (e >= 0 && e < El) {
+          dst = row_base[s * El + e] + p.region<int32_t>(me, p.layout.recv_pos)[row * k + lane];
+          if (dst >= p.max_rows) dst = -1;  // inconsistent counts from a peer: never write out of range
+        }
+        p.recv_slot_row[row * k + lane] = dst;
+        if (dst >= 0) {
+          const float w = p.region<float>(me, p.layout.recv_weights)[row * k + lane];
+          p.grouped_sources[dst] = RowSource{s, p.region<int32_t>(me, p.layout.recv_src_token)[row], lane, w};
+          p.grouped_weights[dst] = w;
+        }
+      }
+      const unsigned targets = __ballot_sync(0xffffffffu, dst >= 0);
+      const uint4* src = reinterpret_cast<const uint4*>(p.region<uint8_t>(me, p.layout.recv_x) + row * row_bytes);
+      for (int w0 = 0; w0 < words; w0 += 32 * kBatch) {
+        uint4 v[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int c = w0 + u * 32 + lane;
+          if (c < words) v[u] = src[c];
+        }
+        for (unsigned rest = targets; rest; rest &= rest - 1) {
+          const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+          uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * row_bytes);
+#pragma unroll
+          for (int u = 0; u < kBatch; ++u) {
+            const int c = w0 + u * 32 + lane;
+            if (c < words) out[c] = v[u];
+          }
+        }
+      }
+      if (p.fp8) {
+        const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;
+        for (int g0 = 0; g0 < S; g0 += 32) {
+          const float v = g0 + lane < S ? src_scales[g0 + lane] : 0.0f;
+          for (unsigned rest = targets; rest; rest &= rest - 1) {
+            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+            if (g0 + lane < S) p.grouped_scales[static_cast<size_t>(d) * S + g0 + lane] = v;
+          }
         }
       }
     }
   }
 }
 
-inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream) {
-  ep_layout_kernel<<<1, kEpLayoutThreads, 0, stream>>>(p);
+// marks (optional, for `megamoe bench ep` kernel splits): 4 events, recorded before the layout kernel and
+// after each of the three kernels.
+inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream, const cudaEvent_t* marks = nullptr) {
+  const size_t expert_table_bytes = sizeof(int) * static_cast<size_t>(p.num_experts);  // E = R * El
+  if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[0], stream));
+  ep_layout_kernel<<<1, kEpLayoutThreads, expert_table_bytes, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();
+  if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[1], stream));
   ep_dispatch_send_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, 0, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();
-  ep_receive_count_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, 0, stream>>>(p);
+  if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[2], stream));
+  ep_receive_kernel<<<kEpReceiveBlocks, 32 * kEpWarpsPerBlock, expert_table_bytes, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();
-  ep_receive_offsets_kernel<<<1, 32, 0, stream>>>(p);
-  MEGAMOE_LAUNCH_CHECK();
-  ep_receive_scatter_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, 0, stream>>>(p);
-  MEGAMOE_LAUNCH_CHECK();
+  if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[3], stream));
 }
 
 }  // namespace megamoe::kernels

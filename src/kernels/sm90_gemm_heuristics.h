@@ -63,4 +63,10 @@ inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts,
              : kSplitNLarge;
 }
 
+// W4A8 (sm90_w4a8_grouped_gemm.cuh): always split-N, 256 columns; 64 or 128 rows chosen as for GEMM 1
+// (the FP4 decode costs the same per weight byte for both, so the larger tile halves it per FLOP).
+inline int choose_w4a8_sub_tiles(int rows_per_expert_hint, int num_experts, int n, int ctas) {
+  return choose_gate_up_tile(rows_per_expert_hint, num_experts, n, ctas).sub_tiles_m;
+}
+
 }  // namespace megamoe::kernels::sm90

@@ -1,6 +1,7 @@
 // `staged` backend. Experts run on the sm90 wgmma grouped GEMMs (kernels/grouped_gemm.h): FP8-block
 // (GEMM 1 with the SwiGLU + top-k weight + FP8 requant epilogue, GEMM 2 with BF16 out) and BF16 x BF16
-// (GEMM 1 with the SwiGLU + top-k weight epilogue to BF16, GEMM 2 with BF16 out).
+// (GEMM 1 with the SwiGLU + top-k weight epilogue to BF16, GEMM 2 with BF16 out), and W4A8 (NVFP4 / MXFP4
+// weights decoded to FP8 in the mainloop, the FP8 epilogues; weights packed by pack_w4a8_expert_weights).
 #include <cuda_bf16.h>
 #include <unistd.h>
 
@@ -23,10 +24,14 @@ namespace {
 std::string staged_reject_reason(const MoeConfig& c, int ranks) {
   auto text = [](auto&&... parts) { return detail::concat(parts...); };
   if (ranks < 1 || ranks > kMaxEpRanks) return text("ranks = ", ranks, " must be in [1, ", kMaxEpRanks, "]");
-  if (c.weight_format != WeightFormat::kBf16 && c.weight_format != WeightFormat::kFp8Block)
+  const bool w4a8 = c.weight_format == WeightFormat::kNvfp4 || c.weight_format == WeightFormat::kMxfp4;
+  if (c.weight_format != WeightFormat::kBf16 && c.weight_format != WeightFormat::kFp8Block && !w4a8)
     return text("weight_format ", weight_format_name(c.weight_format),
-                " needs the grouped GEMM kernels (staged runs bf16 and fp8_block today)");
+                " needs the grouped GEMM kernels (staged runs bf16, fp8_block, nvfp4 and mxfp4)");
   if (c.hidden <= 0 || c.hidden % 128 != 0) return text("hidden = ", c.hidden, " must be a positive multiple of 128");
+  if (w4a8 && c.hidden % 256 != 0)
+    return text("hidden = ", c.hidden, " must be a multiple of 256 for ", weight_format_name(c.weight_format),
+                " (the W4A8 kernel's 256-column tiles)");
   if (c.intermediate <= 0 || c.intermediate % 128 != 0)
     return text("intermediate = ", c.intermediate, " must be a positive multiple of 128");
   if (c.num_experts <= 0 || c.num_experts % ranks != 0)
@@ -54,7 +59,8 @@ class StagedBackend final : public MoeBackend {
     ep_ = ep;
     local_experts_ = config.num_experts / ep->size();
     first_expert_ = ep->rank() * local_experts_;
-    fp8_ = config.weight_format == WeightFormat::kFp8Block;
+    w4a8_ = config.weight_format == WeightFormat::kNvfp4 || config.weight_format == WeightFormat::kMxfp4;
+    fp8_ = config.weight_format == WeightFormat::kFp8Block || w4a8_;  // FP8 activations
     EpDispatchConfig dc;
     dc.hidden = config.hidden;
     dc.top_k = config.top_k;
@@ -66,9 +72,21 @@ class StagedBackend final : public MoeBackend {
     const int64_t H = config.hidden, I = config.intermediate, E = local_experts_;
     const int64_t rows = io_->received().max_rows;
     const size_t wbytes = fp8_ ? 1 : 2;
-    w13_ = alloc(E * 2 * I * H * wbytes);
-    w2_ = alloc(E * H * I * wbytes);
-    if (fp8_) {
+    if (w4a8_) {
+      const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(config.weight_format, 2 * I, H);
+      const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(config.weight_format, H, I);
+      w13_ = alloc(E * s13.data_bytes);
+      w2_ = alloc(E * s2.data_bytes);
+      w13_group_scales_ = static_cast<uint8_t*>(alloc(E * s13.group_scale_bytes));
+      w2_group_scales_ = static_cast<uint8_t*>(alloc(E * s2.group_scale_bytes));
+      w13_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s13.block_count * sizeof(kernels::W4a8BlockScale)));
+      w2_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s2.block_count * sizeof(kernels::W4a8BlockScale)));
+      act_scales_ = static_cast<float*>(alloc(sizeof(float) * rows * (I / 128)));
+    } else {
+      w13_ = alloc(E * 2 * I * H * wbytes);
+      w2_ = alloc(E * H * I * wbytes);
+    }
+    if (fp8_ && !w4a8_) {
       w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
       w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((H + 127) / 128) * ((I + 127) / 128)));
       act_scales_ = static_cast<float*>(alloc(sizeof(float) * rows * (I / 128)));
@@ -95,8 +113,14 @@ class StagedBackend final : public MoeBackend {
     MEGAMOE_CHECK(local_expert >= 0 && local_expert < local_experts_, "local_expert = ", local_expert,
                   " must be in [0, ", local_experts_, ")");
     const int64_t H = config_.hidden, I = config_.intermediate;
-    copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_, kernels::GemmRole::kGateUp);
-    copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_, kernels::GemmRole::kDown);
+    if (w4a8_) {
+      copy_w4a8_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_group_scales_, w13_blocks_,
+                       kernels::GemmRole::kGateUp);
+      copy_w4a8_matrix("w2", w.w2, H, I, local_expert, w2_, w2_group_scales_, w2_blocks_, kernels::GemmRole::kDown);
+    } else {
+      copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_, kernels::GemmRole::kGateUp);
+      copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_, kernels::GemmRole::kDown);
+    }
     loaded_[local_expert] = true;
     // NOTES: cudaMemcpy from pageable memory may return before the DMA lands; forward() runs on a
     // possibly non-blocking stream.
@@ -132,7 +156,35 @@ class StagedBackend final : public MoeBackend {
     const ReceivedTokens& rx = io_->received();
     const int H = config_.hidden, I = config_.intermediate;
 
-    if (fp8_) {
+    if (w4a8_) {
+      kernels::W4a8Weights w13{config_.weight_format, static_cast<const uint8_t*>(w13_), w13_group_scales_, w13_blocks_};
+      kernels::W4a8Weights w2{config_.weight_format, static_cast<const uint8_t*>(w2_), w2_group_scales_, w2_blocks_};
+      kernels::GroupedGemm1W4a8Args g1;
+      g1.a = static_cast<const uint8_t*>(rx.x);
+      g1.a_scales = rx.x_scales;
+      g1.weights = w13;
+      g1.expert_offsets = rx.expert_offsets;
+      g1.topk_weights = config_.apply_topk_in_fc1 ? rx.row_weights : nullptr;
+      g1.out = static_cast<uint8_t*>(act_);
+      g1.out_scales = act_scales_;
+      g1.m_capacity = rx.max_rows;
+      g1.num_experts = local_experts_;
+      g1.hidden = H;
+      g1.intermediate = I;
+      g1.activation = config_.activation;
+      kernels::grouped_gemm1_w4a8(g1, s);
+      kernels::GroupedGemm2W4a8Args g2;
+      g2.a = static_cast<const uint8_t*>(act_);
+      g2.a_scales = act_scales_;
+      g2.weights = w2;
+      g2.expert_offsets = rx.expert_offsets;
+      g2.out = reinterpret_cast<uint16_t*>(y_);
+      g2.m_capacity = rx.max_rows;
+      g2.num_experts = local_experts_;
+      g2.hidden = H;
+      g2.intermediate = I;
+      kernels::grouped_gemm2_w4a8(g2, s);
+    } else if (fp8_) {
       kernels::GroupedGemm1Fp8Args g1;
       g1.a = static_cast<const uint8_t*>(rx.x);
       g1.a_scales = rx.x_scales;
@@ -228,16 +280,37 @@ class StagedBackend final : public MoeBackend {
                                     packed.scale_count * sizeof(float), cudaMemcpyHostToDevice));
   }
 
+  // W4A8: the kernel layout of grouped_gemm.h ("W4A8"), made once here.
+  void copy_w4a8_matrix(const char* field, const formats::QuantizedMatrix& m, int64_t rows, int64_t cols, int expert,
+                        void* data, uint8_t* group_scales, kernels::W4a8BlockScale* blocks, kernels::GemmRole role) {
+    MEGAMOE_CHECK(m.format == config_.weight_format, field, ".format = ", weight_format_name(m.format),
+                  " but the config says ", weight_format_name(config_.weight_format));
+    MEGAMOE_CHECK(m.rows == rows && m.cols == cols, field, ": expected [", rows, ", ", cols, "], got [", m.rows,
+                  ", ", m.cols, "]");
+    const kernels::PackedW4a8Size size = kernels::packed_w4a8_size(m.format, rows, cols);
+    std::vector<uint8_t> packed_data(size.data_bytes), packed_scales(size.group_scale_bytes);
+    std::vector<kernels::W4a8BlockScale> packed_blocks(size.block_count);
+    kernels::pack_w4a8_expert_weights(m, role, packed_data.data(), packed_scales.data(), packed_blocks.data());
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + size.data_bytes * expert, packed_data.data(),
+                                  size.data_bytes, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(group_scales + size.group_scale_bytes * expert, packed_scales.data(),
+                                  size.group_scale_bytes, cudaMemcpyHostToDevice));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(blocks + size.block_count * expert, packed_blocks.data(),
+                                  size.block_count * sizeof(kernels::W4a8BlockScale), cudaMemcpyHostToDevice));
+  }
+
   MoeConfig config_;
   std::unique_ptr<EpGroup> own_group_;
   EpGroup* ep_ = nullptr;
   std::unique_ptr<EpDispatcher> io_;
   int local_experts_ = 0, first_expert_ = 0;
-  bool fp8_ = false, destroyed_ = false, warmed_up_ = false;
+  bool fp8_ = false, w4a8_ = false, destroyed_ = false, warmed_up_ = false;
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;
   void *w13_ = nullptr, *w2_ = nullptr, *act_ = nullptr;
   float *w13_scales_ = nullptr, *w2_scales_ = nullptr, *act_scales_ = nullptr;
+  uint8_t *w13_group_scales_ = nullptr, *w2_group_scales_ = nullptr;                 // W4A8
+  kernels::W4a8BlockScale *w13_blocks_ = nullptr, *w2_blocks_ = nullptr;             // W4A8
   __nv_bfloat16* y_ = nullptr;
 };
 
@@ -245,7 +318,7 @@ class StagedBackend final : public MoeBackend {
 
 Capabilities staged_capabilities() {
   Capabilities c;
-  c.formats = {WeightFormat::kBf16, WeightFormat::kFp8Block};
+  c.formats = {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kNvfp4, WeightFormat::kMxfp4};
   c.activations = {Activation::Kind::kSiluMul, Activation::Kind::kSwigluClamped};
   c.min_ranks = 1;
   c.max_ranks = kMaxEpRanks;

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/gpu_skip.h"
+#include "common/w4a8_reference.h"
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
@@ -206,6 +207,26 @@ inline float combine_probe(int rank, int token, int slot, int c) {
   return static_cast<float>(((rank * 37 + token * 11 + slot * 5 + c * 3) % 61) - 30) / 8.0f;
 }
 
+// The combine's summation order (src/kernels/sm90_combine.cuh): every rank holding one of the token's
+// experts sums its slots in slot order with fmaf (from +0) and rounds to BF16; the source adds those
+// partials in rank order in fp32 (from +0). Returns the fp32 sum before the final BF16 rounding.
+// y[j]: slot j's expert output (a BF16 value), weights[j] its weight (pass 1s for unweighted).
+inline float combine_in_kernel_order(const int32_t* ids, const float* weights, const float* y, int k, int experts_per_rank,
+                                     int ranks) {
+  float out = 0.0f;
+  for (int r = 0; r < ranks; ++r) {
+    float partial = 0.0f;
+    bool any = false;
+    for (int j = 0; j < k; ++j)
+      if (ids[j] >= 0 && ids[j] / experts_per_rank == r) {
+        partial = std::fmaf(weights[j], y[j], partial);
+        any = true;
+      }
+    if (any) out += round_bf16(partial);
+  }
+  return out;
+}
+
 // Runs one dispatch + combine on this rank and checks both bit for bit. Returns the number of
 // grouped rows checked (so the caller can assert the test covered something).
 inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc, cudaStream_t stream) {
@@ -327,12 +348,12 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
   cudaFree(y_dev);
   const auto out = dev.download_out();
   int mismatches = 0;
+  std::vector<float> slot_y(k);
   for (int t = 0; t < mine.tokens && mismatches < 5; ++t)
     for (int c = 0; c < H; ++c) {
-      float acc = 0.0f;
-      for (int j = 0; j < k; ++j)
-        if (mine.ids[static_cast<size_t>(t) * k + j] >= 0)
-          acc = std::fmaf(mine.weights[static_cast<size_t>(t) * k + j], round_bf16(combine_probe(me, t, j, c)), acc);
+      for (int j = 0; j < k; ++j) slot_y[j] = round_bf16(combine_probe(me, t, j, c));
+      const float acc = combine_in_kernel_order(&mine.ids[static_cast<size_t>(t) * k], &mine.weights[static_cast<size_t>(t) * k],
+                                                slot_y.data(), k, per_rank, R);
       if (out[static_cast<size_t>(t) * H + c] != bf16_bits(acc)) {
         ADD_FAILURE() << "combine: token " << t << " column " << c << " got bf16 0x" << std::hex
                       << out[static_cast<size_t>(t) * H + c] << " expected 0x" << bf16_bits(acc) << std::dec;
@@ -364,6 +385,16 @@ inline formats::QuantizedMatrix host_quantize(const std::vector<float>& w, int64
   m.rows = rows;
   m.cols = cols;
   dequantized->resize(rows * cols);
+  if (format == WeightFormat::kNvfp4 || format == WeightFormat::kMxfp4) {
+    // W4A8: formats::quantize (NVFP4 W13 with one global per half); the reference weights are the
+    // kernel's effective ones (w4a8_reference.h: FP8-decoded values times the block factor).
+    m = format == WeightFormat::kNvfp4 && rows % 256 == 0 ? formats::quantize_nvfp4_per_half(w.data(), rows, cols)
+                                                          : formats::quantize(w.data(), rows, cols, format);
+    const W4a8Decoded decoded = decode_w4a8_reference(m);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) (*dequantized)[r * cols + c] = static_cast<float>(decoded.weight(r, c, cols));
+    return m;
+  }
   if (format == WeightFormat::kBf16) {
     m.data.resize(rows * cols * 2);
     for (int64_t i = 0; i < rows * cols; ++i) {
@@ -422,8 +453,10 @@ inline double e4m3_step(double v) {
 //   * propagated GEMM 1 error into GEMM 2: 2^-9 * sum_i |w2[c,i]| |a_i|;
 //   * GEMM 2 accumulation + BF16 rounding of y: 2^-7 |y|;
 //   * final fp32 sum + BF16 rounding: 2^-8 |out|.
+//   * combine (ranks > 1): each rank's partial is rounded to BF16 before the fp32 sum: 2^-8 |partial|
+//     per contributing rank when a token's experts span several ranks.
 inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<HostExpert>& experts, const RankInputs& in,
-                                          std::vector<double>* tolerance = nullptr) {
+                                          std::vector<double>* tolerance = nullptr, int ranks = 1) {
   const int H = c.hidden, I = c.intermediate, k = c.top_k;
   const bool fp8 = c.weight_format != WeightFormat::kBf16;
   const double gemm_rel = std::ldexp(1.0, -9);
@@ -441,9 +474,13 @@ inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<
     }
     std::vector<float> acc(H, 0.0f);
     std::vector<double> tol(H, 0.0);
+    std::vector<std::vector<float>> partial(ranks, std::vector<float>(H, 0.0f));  // combine order, see above
+    std::vector<bool> contributes(ranks, false);
     for (int j = 0; j < k; ++j) {
       const int id = in.ids[static_cast<size_t>(t) * k + j];
       if (id < 0) continue;
+      const int owner = id / (c.num_experts / ranks);
+      contributes[owner] = true;
       const float w = in.weights[static_cast<size_t>(t) * k + j];
       const HostExpert& ex = experts[id];
       std::vector<double> h_err(I);
@@ -500,10 +537,17 @@ inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<
         }
         const float yv = round_bf16(static_cast<float>(s));
         const float weight = c.apply_topk_in_fc1 ? 1.0f : w;
-        acc[col] = std::fmaf(weight, yv, acc[col]);
+        partial[owner][col] = std::fmaf(weight, yv, partial[owner][col]);
         tol[col] += weight * (std::ldexp(std::fabs(yv), -7) + gemm_rel * s_abs + flips);
       }
     }
+    const bool split = std::count(contributes.begin(), contributes.end(), true) > 1;
+    for (int r = 0; r < ranks; ++r)
+      if (contributes[r])
+        for (int col = 0; col < H; ++col) {
+          acc[col] += round_bf16(partial[r][col]);
+          if (split) tol[col] += std::ldexp(std::fabs(partial[r][col]), -8);
+        }
     for (int col = 0; col < H; ++col) {
       out[static_cast<size_t>(t) * H + col] = round_bf16(acc[col]);
       if (tolerance) (*tolerance)[static_cast<size_t>(t) * H + col] = tol[col] + std::ldexp(std::fabs(acc[col]), -8) + 1e-6;
@@ -566,7 +610,7 @@ inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t st
   group.synchronize(stream);
   const auto got = dev.download_out();
   std::vector<double> tolerance;
-  const auto ref = reference_layer(c, experts, in, &tolerance);
+  const auto ref = reference_layer(c, experts, in, &tolerance, R);
   const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
   EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;

@@ -91,7 +91,7 @@ TEST_F(EpSingle, InvalidExpertIdIsReported) {
 
 TEST_F(EpSingle, StagedMatchesReference) {
   auto group = single_rank_group();
-  for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16}) {
+  for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16, WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
     LayerCase lc;
     lc.config.hidden = 256;
     lc.config.intermediate = 256;

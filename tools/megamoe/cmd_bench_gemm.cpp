@@ -1,7 +1,7 @@
 #include "bench/grouped_gemm_bench.h"
 #include "tools/megamoe/command.h"
 
-MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block or BF16) vs cuBLAS dense on the same FLOPs",
+MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF16) vs cuBLAS dense on the same FLOPs",
                    [](CLI::App& app) -> std::function<int()> {
                      auto options = std::make_shared<megamoe::bench::GemmBenchOptions>();
                      app.add_option("--models", options->models, "dsv3 ml3 ms4 dsv4-flash qwen3-30b");
@@ -11,8 +11,9 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block or BF16) vs
                      app.add_option("--rows-hint", options->rows_hint,
                                     "rows_per_expert_hint for the tile choice (0 = the rows run)");
                      app.add_flag("--no-cublas", options->skip_cublas, "skip the cuBLAS baselines");
-                     app.add_option("--format", options->format, "fp8 (vs cuBLASLt FP8) or bf16 (vs cuBLAS BF16)")
-                         ->check(CLI::IsMember({"fp8", "bf16"}));
+                     app.add_option("--format", options->format,
+                                    "fp8 or nvfp4 / mxfp4 (W4A8; vs cuBLASLt FP8), bf16 (vs cuBLAS BF16)")
+                         ->check(CLI::IsMember({"fp8", "bf16", "nvfp4", "mxfp4"}));
                      app.add_option("--json", options->json_path, "write results as JSON here");
                      return [options] { return megamoe::bench::run_gemm_bench(*options); };
                    });

@@ -1,0 +1,144 @@
+// Launcher and typed validating API of the W4A8 grouped GEMMs (grouped_gemm.h, "W4A8"; kernel in
+// sm90_w4a8_grouped_gemm.cuh): checks, TMA descriptors, tile and stage choice, launch.
+#include <cstddef>
+
+#include "kernels/grouped_gemm.h"
+#include "kernels/grouped_gemm_internal.h"
+#include "kernels/sm90_w4a8_grouped_gemm.cuh"
+#include "megamoe/error_cuda.h"
+
+namespace megamoe::kernels {
+namespace {
+
+using sm90::Fp4Format;
+using sm90::W4a8Epilogue;
+using sm90::W4a8GemmParams;
+
+static_assert(sizeof(W4a8BlockScale) == sizeof(sm90::W4a8BlockScaleDevice) &&
+                  offsetof(W4a8BlockScale, decode_exponent) == offsetof(sm90::W4a8BlockScaleDevice, decode_exponent),
+              "host and device block scale records must match");
+
+constexpr int kSharedMemoryLimit = 227 * 1024;
+
+// The most stages (<= 6) whose shared memory, with the tile table of kMaxExperts experts, fits.
+template <int kSubTilesM, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+constexpr int max_stages() {
+  using One = sm90::W4a8GemmLayout<kSubTilesM, 1, kFormat, kEpilogue>;
+  constexpr int kPerStage = One::kABytes + One::kFp4Bytes + One::kScaleBytes + 16;  // + 2 mbarriers
+  int stages = 1;
+  while (stages < 6 && One::shared_bytes(sm90::kMaxExperts) + stages * kPerStage <= kSharedMemoryLimit) ++stages;
+  return stages;
+}
+
+template <int kSubTilesM, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+void launch(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
+  constexpr int kStages = max_stages<kSubTilesM, kFormat, kEpilogue>();
+  using Layout = sm90::W4a8GemmLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
+  static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= kSharedMemoryLimit, "W4A8 config overflows shared memory");
+  const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
+  const CUtensorMap b_map = detail::make_byte_tensor_map(
+      weight_data, params.k / 2, static_cast<uint64_t>(params.num_experts) * params.n, sm90::kW4a8Fp4RowBytes,
+      sm90::kW4a8BlockN, CU_TENSOR_MAP_SWIZZLE_64B);
+  const int shared_bytes = Layout::shared_bytes(params.num_experts);
+  auto* kernel = &sm90::sm90_w4a8_grouped_gemm_kernel<kSubTilesM, kStages, kFormat, kEpilogue>;
+  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<detail::grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+  MEGAMOE_LAUNCH_CHECK();
+}
+
+template <W4a8Epilogue kEpilogue>
+void dispatch(WeightFormat format, int sub_tiles, const uint8_t* a, const uint8_t* data, const W4a8GemmParams& params,
+              cudaStream_t stream) {
+  const bool nvfp4 = format == WeightFormat::kNvfp4;
+  if (sub_tiles == 1) {
+    if (nvfp4) launch<1, Fp4Format::kNvfp4, kEpilogue>(a, data, params, stream);
+    else launch<1, Fp4Format::kMxfp4, kEpilogue>(a, data, params, stream);
+  } else {
+    if (nvfp4) launch<2, Fp4Format::kNvfp4, kEpilogue>(a, data, params, stream);
+    else launch<2, Fp4Format::kMxfp4, kEpilogue>(a, data, params, stream);
+  }
+}
+
+void check_weights(const W4a8Weights& w) {
+  MEGAMOE_CHECK(w.format == WeightFormat::kNvfp4 || w.format == WeightFormat::kMxfp4, "weights.format = ",
+                weight_format_name(w.format), " must be nvfp4 or mxfp4");
+  detail::check_grouped_gemm_pointer(w.data, "weights.data");
+  detail::check_grouped_gemm_pointer(w.group_scales, "weights.group_scales");
+  detail::check_grouped_gemm_pointer(w.blocks, "weights.blocks");
+}
+
+void check_n(int n, const char* n_name) {
+  MEGAMOE_CHECK(n % sm90::kW4a8BlockN == 0, n_name, " = ", n, " must be a multiple of ", sm90::kW4a8BlockN,
+                " for W4A8 weights");
+}
+
+W4a8GemmParams base_params(const float* a_scales, const W4a8Weights& w, const int32_t* offsets, void* out,
+                           int64_t m_capacity, int num_experts, int n, int k) {
+  W4a8GemmParams params;
+  params.a_scales = a_scales;
+  params.group_scales = w.group_scales;
+  params.blocks = reinterpret_cast<const sm90::W4a8BlockScaleDevice*>(w.blocks);
+  params.expert_offsets = offsets;
+  params.out = out;
+  params.m_capacity = static_cast<int>(m_capacity);
+  params.num_experts = num_experts;
+  params.n = n;
+  params.k = k;
+  return params;
+}
+
+void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w, const int32_t* offsets, uint16_t* out,
+                  int64_t m_capacity, int num_experts, int n, int k, int rows_hint, const char* n_name,
+                  const char* k_name, cudaStream_t stream) {
+  detail::check_grouped_gemm_shape(m_capacity, num_experts, n, k, n_name, k_name);
+  check_n(n, n_name);
+  check_weights(w);
+  detail::check_grouped_gemm_pointer(a, "a");
+  detail::check_grouped_gemm_pointer(a_scales, "a_scales");
+  detail::check_grouped_gemm_pointer(offsets, "expert_offsets");
+  detail::check_grouped_gemm_pointer(out, "out");
+  const W4a8GemmParams params = base_params(a_scales, w, offsets, out, m_capacity, num_experts, n, k);
+  const int sub_tiles = sm90::choose_w4a8_sub_tiles(rows_hint, num_experts, n, detail::grouped_gemm_sm_count());
+  dispatch<W4a8Epilogue::kStoreBf16>(w.format, sub_tiles, a, w.data, params, stream);
+}
+
+}  // namespace
+
+void grouped_gemm_w4a8_bf16out(const GroupedGemmW4a8Args& args, cudaStream_t stream) {
+  launch_plain(args.a, args.a_scales, args.weights, args.expert_offsets, args.out, args.m_capacity, args.num_experts,
+               args.n, args.k, args.rows_per_expert_hint, "n", "k", stream);
+}
+
+void grouped_gemm2_w4a8(const GroupedGemm2W4a8Args& args, cudaStream_t stream) {
+  launch_plain(args.a, args.a_scales, args.weights, args.expert_offsets, args.out, args.m_capacity, args.num_experts,
+               args.hidden, args.intermediate, args.rows_per_expert_hint, "hidden", "intermediate", stream);
+}
+
+void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
+  detail::check_grouped_gemm_shape(args.m_capacity, args.num_experts, 2 * args.intermediate, args.hidden,
+                                   "2*intermediate", "hidden");
+  MEGAMOE_CHECK(args.intermediate % 128 == 0, "intermediate = ", args.intermediate, " must be a multiple of 128");
+  check_weights(args.weights);
+  detail::check_grouped_gemm_pointer(args.a, "a");
+  detail::check_grouped_gemm_pointer(args.a_scales, "a_scales");
+  detail::check_grouped_gemm_pointer(args.expert_offsets, "expert_offsets");
+  detail::check_grouped_gemm_pointer(args.out, "out");
+  detail::check_grouped_gemm_pointer(args.out_scales, "out_scales");
+  const bool clamped = args.activation.kind == Activation::Kind::kSwigluClamped;
+  if (clamped) {
+    MEGAMOE_CHECK(args.activation.limit > 0.0f, "activation.limit = ", args.activation.limit, " must be > 0");
+    MEGAMOE_CHECK(args.activation.alpha > 0.0f, "activation.alpha = ", args.activation.alpha, " must be > 0");
+  }
+  W4a8GemmParams params = base_params(args.a_scales, args.weights, args.expert_offsets, args.out, args.m_capacity,
+                                      args.num_experts, 2 * args.intermediate, args.hidden);
+  params.topk_weights = args.topk_weights;
+  params.out_scales = args.out_scales;
+  params.activation = clamped ? 1 : 0;
+  params.limit = args.activation.limit;
+  params.alpha = args.activation.alpha;
+  const int sub_tiles = sm90::choose_w4a8_sub_tiles(args.rows_per_expert_hint, args.num_experts, params.n,
+                                                    detail::grouped_gemm_sm_count());
+  dispatch<W4a8Epilogue::kSwigluQuantFp8>(args.weights.format, sub_tiles, args.a, args.weights.data, params, stream);
+}
+
+}  // namespace megamoe::kernels

@@ -1,0 +1,457 @@
+// W4A8 (NVFP4 / MXFP4 weights, FP8 activations) grouped GEMMs (src/kernels/grouped_gemm.h, "W4A8") against
+// an fp64 CPU reference on the same quantized operands: the canonical weights decoded with the documented
+// rule (tests/common/w4a8_reference.h, independent of the packing code), then
+//   out = sum_kb (sum_k a8 * w8) * a_scale * factor   in fp64.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/gpu_skip.h"
+#include "common/w4a8_reference.h"
+#include "gpu/fp8_test_util.h"
+#include "kernels/grouped_gemm.h"
+#include "megamoe/error.h"
+#include "megamoe/formats.h"
+#include "megamoe/poison.h"
+
+namespace megamoe {
+namespace {
+
+using testing::bf16_decode;
+using testing::bf16_round;
+using testing::DeviceBuffer;
+using testing::e4m3_decode;
+using testing::e4m3_encode;
+
+constexpr int kLeadingPadRows = 3, kTrailingPadRows = 6;
+
+const char* name_of(WeightFormat f) { return f == WeightFormat::kNvfp4 ? "nvfp4" : "mxfp4"; }
+
+// One problem: activations of all experts between poisoned pad rows, canonical weights per expert.
+struct W4a8Problem {
+  WeightFormat format{};
+  int experts = 0, n = 0, k = 0;
+  std::vector<int32_t> offsets;
+  int64_t capacity = 0;
+  std::vector<uint8_t> a;           // [capacity, k] E4M3
+  std::vector<float> a_scales;      // [capacity, k/128]
+  std::vector<formats::QuantizedMatrix> w;  // canonical [n, k] per expert
+  // Reference operands: a8 * a_scale is not formed; w8 (decoded) and factor per canonical block.
+  std::vector<double> w8;           // [E, n, k]
+  std::vector<double> factor;       // [E, n/128, k/128]
+  int min_p = 1000, max_p = -1000;
+};
+
+void decode_reference(W4a8Problem& p) {
+  const int kb_count = p.k / 128;
+  p.w8.resize(static_cast<size_t>(p.experts) * p.n * p.k);
+  p.factor.resize(static_cast<size_t>(p.experts) * (p.n / 128) * kb_count);
+  for (int e = 0; e < p.experts; ++e) {
+    const testing::W4a8Decoded d = testing::decode_w4a8_reference(p.w[e]);
+    std::copy(d.w8.begin(), d.w8.end(), p.w8.begin() + static_cast<size_t>(e) * p.n * p.k);
+    std::copy(d.factor.begin(), d.factor.end(), p.factor.begin() + static_cast<size_t>(e) * (p.n / 128) * kb_count);
+    p.min_p = std::min(p.min_p, d.min_p);
+    p.max_p = std::max(p.max_p, d.max_p);
+  }
+}
+
+// Random problem: N(0, 1) activations quantized per token per 128; weights N(0, 1/k) (with a few
+// outliers so that scales spread) quantized by formats::quantize (NVFP4: one global per half, so the
+// largest group scale is 448 and its block decodes with p = -3).
+W4a8Problem make_problem(WeightFormat format, const std::vector<int>& counts, int n, int k, uint64_t seed,
+                         bool exact) {
+  W4a8Problem p;
+  p.format = format;
+  p.experts = static_cast<int>(counts.size());
+  p.n = n;
+  p.k = k;
+  p.offsets.push_back(kLeadingPadRows);
+  for (int c : counts) p.offsets.push_back(p.offsets.back() + c);
+  p.capacity = p.offsets.back() + kTrailingPadRows;
+  std::mt19937_64 rng(seed);
+  const int group = format == WeightFormat::kNvfp4 ? 16 : 32;
+  if (exact) {
+    // Activations in {-1, 0, 1} with power-of-two scales; weight scales whose products with every E2M1
+    // value are E4M3 numbers (NVFP4: significands 1, 1.25, 1.5; MXFP4: exponents -2..1), power-of-two
+    // globals: every w8 is exact, every partial sum an integer well inside FP32, so the BF16 output must
+    // equal bf16_rn(fp64 value) bit for bit.
+    std::uniform_int_distribution<int> ternary(-1, 1), exponent(-3, 1), code(0, 15), pick(0, 5), mx(125, 128);
+    const uint8_t nv_scales[6] = {0x30, 0x32, 0x34, 0x38, 0x3A, 0x3C};  // 0.5 .625 .75 1 1.25 1.5
+    p.a.resize(p.capacity * k);
+    for (auto& x : p.a) x = e4m3_encode(ternary(rng));
+    p.a_scales.resize(p.capacity * (k / 128));
+    for (auto& s : p.a_scales) s = std::ldexp(1.0f, exponent(rng));
+    for (int e = 0; e < p.experts; ++e) {
+      formats::QuantizedMatrix m;
+      m.format = format;
+      m.rows = n;
+      m.cols = k;
+      m.data.resize(static_cast<size_t>(n) * k / 2);
+      for (auto& b : m.data) b = static_cast<uint8_t>(code(rng) | (code(rng) << 4));
+      m.group_scales.resize(static_cast<size_t>(n) * k / group);
+      for (auto& s : m.group_scales) s = format == WeightFormat::kNvfp4 ? nv_scales[pick(rng)] : mx(rng);
+      if (format == WeightFormat::kNvfp4) m.global_scales = {std::ldexp(1.0f, -4 - e % 2), std::ldexp(1.0f, -3)};
+      p.w.push_back(std::move(m));
+    }
+  } else {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> a(p.capacity * k);
+    for (auto& x : a) x = normal(rng);
+    testing::quantize_rows(a, p.capacity, k, p.a, p.a_scales);
+    std::vector<float> w(static_cast<size_t>(n) * k);
+    for (int e = 0; e < p.experts; ++e) {
+      const float w_std = 1.0f / std::sqrt(static_cast<float>(k)) * (1.0f + 0.5f * e);
+      for (auto& x : w) x = normal(rng) * w_std;
+      for (int i = 0; i < 8; ++i) w[rng() % w.size()] *= 20.0f;  // outliers: scales spread within blocks
+      p.w.push_back(format == WeightFormat::kNvfp4 ? formats::quantize_nvfp4_per_half(w.data(), n, k)
+                                                   : formats::quantize(w.data(), n, k, format));
+    }
+  }
+  decode_reference(p);
+  return p;
+}
+
+struct PackedDevice {
+  std::unique_ptr<DeviceBuffer> data, group_scales, blocks;
+  kernels::W4a8Weights view(WeightFormat format) const {
+    kernels::W4a8Weights w;
+    w.format = format;
+    w.data = data->as<uint8_t>();
+    w.group_scales = group_scales->as<uint8_t>();
+    w.blocks = blocks->as<kernels::W4a8BlockScale>();
+    return w;
+  }
+};
+
+PackedDevice pack(const W4a8Problem& p, kernels::GemmRole role) {
+  const auto size = kernels::packed_w4a8_size(p.format, p.n, p.k);
+  std::vector<uint8_t> data(size.data_bytes * p.experts), scales(size.group_scale_bytes * p.experts);
+  std::vector<kernels::W4a8BlockScale> blocks(size.block_count * p.experts);
+  for (int e = 0; e < p.experts; ++e)
+    kernels::pack_w4a8_expert_weights(p.w[e], role, data.data() + e * size.data_bytes,
+                                      scales.data() + e * size.group_scale_bytes, blocks.data() + e * size.block_count);
+  PackedDevice d;
+  d.data = std::make_unique<DeviceBuffer>(data);
+  d.group_scales = std::make_unique<DeviceBuffer>(scales);
+  d.blocks = std::make_unique<DeviceBuffer>(blocks);
+  return d;
+}
+
+int expert_of_row(const W4a8Problem& p, int64_t r) {
+  for (int e = 0; e < p.experts; ++e)
+    if (r >= p.offsets[e] && r < p.offsets[e + 1]) return e;
+  return -1;
+}
+
+// fp64 value and sum of |terms| of out[r, canonical weight row wrow] of expert e.
+void reference_dot(const W4a8Problem& p, int e, int64_t r, int wrow, double* value, double* magnitude) {
+  const int kb_count = p.k / 128;
+  double sum = 0, abs_sum = 0;
+  const double* w = &p.w8[(static_cast<size_t>(e) * p.n + wrow) * p.k];
+  for (int kb = 0; kb < kb_count; ++kb) {
+    const double scale = static_cast<double>(p.a_scales[r * kb_count + kb]) *
+                         p.factor[(static_cast<size_t>(e) * (p.n / 128) + wrow / 128) * kb_count + kb];
+    double block = 0, abs_block = 0;
+    for (int i = 0; i < 128; ++i) {
+      const double product = static_cast<double>(e4m3_decode(p.a[r * p.k + kb * 128 + i])) * w[kb * 128 + i];
+      block += product;
+      abs_block += std::fabs(product);
+    }
+    sum += block * scale;
+    abs_sum += abs_block * std::fabs(scale);
+  }
+  *value = sum;
+  *magnitude = abs_sum;
+}
+
+std::string describe(const W4a8Problem& p, uint64_t seed) {
+  std::string text = std::string(name_of(p.format)) + " seed " + std::to_string(seed) + " n " + std::to_string(p.n) +
+                     " k " + std::to_string(p.k) + " offsets";
+  for (int o : p.offsets) text += " " + std::to_string(o);
+  return text;
+}
+
+void run_plain(WeightFormat format, const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint,
+               bool exact, bool as_gemm2) {
+  const W4a8Problem p = make_problem(format, counts, n, k, seed, exact);
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  const PackedDevice w = pack(p, kernels::GemmRole::kDown);
+  DeviceBuffer a(p.a), a_scales(p.a_scales), offsets(p.offsets), out(p.capacity * n * sizeof(uint16_t));
+  poison_device_buffer(out.data, out.bytes);
+  if (as_gemm2) {
+    kernels::GroupedGemm2W4a8Args args;
+    args.a = a.as<uint8_t>();
+    args.a_scales = a_scales.as<float>();
+    args.weights = w.view(format);
+    args.expert_offsets = offsets.as<int32_t>();
+    args.out = out.as<uint16_t>();
+    args.m_capacity = p.capacity;
+    args.num_experts = p.experts;
+    args.hidden = n;
+    args.intermediate = k;
+    args.rows_per_expert_hint = rows_hint;
+    kernels::grouped_gemm2_w4a8(args, nullptr);
+  } else {
+    kernels::GroupedGemmW4a8Args args;
+    args.a = a.as<uint8_t>();
+    args.a_scales = a_scales.as<float>();
+    args.weights = w.view(format);
+    args.expert_offsets = offsets.as<int32_t>();
+    args.out = out.as<uint16_t>();
+    args.m_capacity = p.capacity;
+    args.num_experts = p.experts;
+    args.n = n;
+    args.k = k;
+    args.rows_per_expert_hint = rows_hint;
+    kernels::grouped_gemm_w4a8_bf16out(args, nullptr);
+  }
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto result = out.download<uint16_t>();
+  double error_sq = 0, ref_sq = 0;
+  int64_t bad = 0, mismatched = 0;
+  for (int64_t r = 0; r < p.capacity; ++r) {
+    const int e = expert_of_row(p, r);
+    for (int c = 0; c < n; ++c) {
+      const uint16_t bits = result[r * n + c];
+      if (e < 0) {
+        if (bits != 0xFFFF && bad++ < 5) ADD_FAILURE() << "row " << r << " of no expert was written";
+        continue;
+      }
+      double ref, magnitude;
+      reference_dot(p, e, r, c, &ref, &magnitude);
+      const float got = bf16_decode(bits);
+      if (!std::isfinite(got)) {
+        if (bad++ < 5) ADD_FAILURE() << "non-finite out[" << r << ", " << c << "]";
+        continue;
+      }
+      if (exact) {
+        if (bits != bf16_round(static_cast<float>(ref)) && mismatched++ < 5)
+          ADD_FAILURE() << "out[" << r << ", " << c << "] = " << got << " != bf16(" << ref << ")";
+        continue;
+      }
+      const double rounded = bf16_decode(bf16_round(static_cast<float>(ref)));
+      error_sq += (got - rounded) * (got - rounded);
+      ref_sq += rounded * rounded;
+      // bf16 rounding + the tensor core's reduced-precision FP8 accumulation within a 128-K block.
+      const double bound = std::ldexp(std::fabs(ref), -8) + std::ldexp(magnitude, -12) + 1e-30;
+      if (std::fabs(got - ref) > bound && bad++ < 5)
+        ADD_FAILURE() << "out[" << r << ", " << c << "] = " << got << " ref " << ref << " bound " << bound;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(mismatched, 0);
+  if (!exact) {
+    const double rel_l2 = std::sqrt(error_sq / ref_sq);
+    EXPECT_LT(rel_l2, 2e-3);
+    std::printf("w4a8 %s %s n=%d k=%d hint=%d decode p in [%d, %d]: rel-L2 %.3g\n", name_of(format),
+                as_gemm2 ? "gemm2" : "plain", n, k, rows_hint, p.min_p, p.max_p, rel_l2);
+  }
+}
+
+double activate(double gate, double up, const Activation& act) {
+  if (act.kind == Activation::Kind::kSiluMul) return gate / (1.0 + std::exp(-gate)) * up;
+  const double g = std::min<double>(gate, act.limit);
+  const double u = std::clamp<double>(up, -act.limit, act.limit);
+  return g / (1.0 + std::exp(-static_cast<double>(act.alpha) * g)) * (u + 1.0);
+}
+
+double e4m3_ulp(double magnitude) {
+  if (magnitude < std::ldexp(1.0, -6)) return std::ldexp(1.0, -9);
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(magnitude))) - 3);
+}
+
+void run_gemm1(WeightFormat format, const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed,
+               const Activation& act, bool use_topk, bool exact, int rows_hint) {
+  W4a8Problem p = make_problem(format, counts, 2 * intermediate, hidden, seed, exact);
+  if (act.kind == Activation::Kind::kSwigluClamped)  // make the clamp bite
+    for (auto& s : p.a_scales) s *= 6.0f;
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  std::vector<float> topk(p.capacity);
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (auto& t : topk) t = weight(rng);
+  const PackedDevice w = pack(p, kernels::GemmRole::kGateUp);
+  DeviceBuffer a(p.a), a_scales(p.a_scales), offsets(p.offsets), topk_d(topk);
+  DeviceBuffer out(p.capacity * intermediate), out_scales(p.capacity * (intermediate / 128) * sizeof(float));
+  poison_device_buffer(out.data, out.bytes);
+  poison_device_buffer(out_scales.data, out_scales.bytes);
+  kernels::GroupedGemm1W4a8Args args;
+  args.a = a.as<uint8_t>();
+  args.a_scales = a_scales.as<float>();
+  args.weights = w.view(format);
+  args.expert_offsets = offsets.as<int32_t>();
+  args.topk_weights = use_topk ? topk_d.as<float>() : nullptr;
+  args.out = out.as<uint8_t>();
+  args.out_scales = out_scales.as<float>();
+  args.m_capacity = p.capacity;
+  args.num_experts = p.experts;
+  args.hidden = hidden;
+  args.intermediate = intermediate;
+  args.activation = act;
+  args.rows_per_expert_hint = rows_hint;
+  kernels::grouped_gemm1_w4a8(args, nullptr);
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto q = out.download<uint8_t>();
+  const auto scales = out_scales.download<float>();
+
+  const int groups = intermediate / 128;
+  double error_sq = 0, ref_sq = 0;
+  int64_t bad = 0, flips = 0, values = 0;
+  std::vector<double> h(128), h_error(128);
+  const double alpha = act.kind == Activation::Kind::kSiluMul ? 1.0 : act.alpha;
+  for (int64_t r = 0; r < p.capacity; ++r) {
+    const int e = expert_of_row(p, r);
+    for (int g = 0; g < groups; ++g) {
+      const float got_scale = scales[r * groups + g];
+      if (e < 0) {
+        uint32_t bits;
+        std::memcpy(&bits, &got_scale, 4);
+        if (bits != 0xFFFFFFFFu && bad++ < 5) ADD_FAILURE() << "scale of row " << r << " (no expert) written";
+        for (int i = 0; i < 128; ++i)
+          if (q[r * intermediate + g * 128 + i] != 0xFF && bad++ < 5) ADD_FAILURE() << "row " << r << " written";
+        continue;
+      }
+      double amax = 0;
+      for (int i = 0; i < 128; ++i) {
+        const int c = g * 128 + i;
+        double gate, up, gate_magnitude, up_magnitude;
+        reference_dot(p, e, r, c, &gate, &gate_magnitude);  // canonical rows: gate c, up I + c
+        reference_dot(p, e, r, intermediate + c, &up, &up_magnitude);
+        const double wt = use_topk ? topk[r] : 1.0;
+        h[i] = activate(gate, up, act) * wt;
+        const double gate_error = exact ? 0.0 : std::ldexp(gate_magnitude, -12);
+        const double up_error = exact ? 0.0 : std::ldexp(up_magnitude, -12);
+        h_error[i] = wt * ((1.0 + alpha * std::fabs(gate) / 4) * (std::fabs(up) + 1.0) * gate_error +
+                           (std::fabs(gate) + gate_error) * up_error);
+        amax = std::max(amax, std::fabs(h[i]));
+      }
+      const float ref_scale = std::max(static_cast<float>(amax), 1e-10f) / 448.0f;
+      if (!(std::fabs(got_scale - ref_scale) <= 1e-3 * ref_scale) && bad++ < 5)
+        ADD_FAILURE() << "scale[" << r << ", " << g << "] = " << got_scale << " ref " << ref_scale;
+      for (int i = 0; i < 128; ++i) {
+        const uint8_t code = q[r * intermediate + g * 128 + i];
+        const double got = e4m3_decode(code);
+        const double x = h[i] / got_scale;
+        ++values;
+        if (!std::isfinite(got)) {
+          if (bad++ < 5) ADD_FAILURE() << "NaN code at [" << r << ", " << g * 128 + i << "]";
+          continue;
+        }
+        const double bound = 0.5 * e4m3_ulp(std::fabs(x)) * (1 + 1e-6) + h_error[i] / got_scale + 1e-6 * std::fabs(x);
+        if (std::fabs(got - x) > bound && bad++ < 5)
+          ADD_FAILURE() << "q[" << r << ", " << g * 128 + i << "] = " << got << " want ~" << x;
+        const uint8_t ref_code = e4m3_encode(h[i] / ref_scale);
+        if (ref_code != code) ++flips;
+        const double ref_value = e4m3_decode(ref_code) * static_cast<double>(ref_scale);
+        const double diff = got * got_scale - ref_value;
+        error_sq += diff * diff;
+        ref_sq += ref_value * ref_value;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  const double rel_l2 = std::sqrt(error_sq / ref_sq);
+  std::printf("w4a8 %s gemm1 %s topk=%d exact=%d hint=%d: rel-L2 vs fp64-then-quantized %.3g, code flips %lld / %lld\n",
+              name_of(format), act.kind == Activation::Kind::kSiluMul ? "silu" : "swiglu_clamped", use_topk, exact,
+              rows_hint, rel_l2, static_cast<long long>(flips), static_cast<long long>(values));
+  // As in the FP8 GEMM 1 test: a code differs from the fp64 reference's only where h lies within its
+  // accumulation error of a rounding midpoint (one E4M3 ulp each); exact inputs leave only expf ulps.
+  if (exact) {
+    EXPECT_LT(rel_l2, 2e-3);
+    EXPECT_LE(flips, values / 1000);
+  } else {
+    EXPECT_LT(rel_l2, 1e-2);
+  }
+}
+
+constexpr WeightFormat kFormats[] = {WeightFormat::kNvfp4, WeightFormat::kMxfp4};
+
+TEST(GroupedGemmW4a8, PlainRandomShapes) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (WeightFormat f : kFormats) {
+    run_plain(f, {0, 1, 130, 63, 200, 64, 129}, 512, 512, 1201, 0, false, false);  // 128 x 256 tiles
+    run_plain(f, {8, 0, 1, 17, 64, 33}, 256, 384, 1202, 16, false, false);           //  64 x 256 tiles
+  }
+}
+
+TEST(GroupedGemmW4a8, Gemm2DeepK) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (WeightFormat f : kFormats) run_plain(f, {100, 0, 129}, 256, 2048, 1203, 0, false, true);
+}
+
+TEST(GroupedGemmW4a8, BitExactRepresentableInputs) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (WeightFormat f : kFormats) {
+    run_plain(f, {3, 0, 128, 77}, 256, 1024, 1204, 0, true, false);
+    run_plain(f, {3, 0, 128, 77}, 512, 512, 1205, 8, true, true);
+  }
+}
+
+TEST(GroupedGemmW4a8, Gemm1SiluTopk) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (WeightFormat f : kFormats) {
+    run_gemm1(f, {0, 1, 70, 63, 65, 130}, 512, 256, 1301, Activation{}, true, false, 0);   // 128 x 256
+    run_gemm1(f, {0, 1, 70, 63, 65, 130}, 512, 256, 1302, Activation{}, true, false, 16);  //  64 x 256
+  }
+}
+
+TEST(GroupedGemmW4a8, Gemm1SwigluClampedNoTopk) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  Activation act;
+  act.kind = Activation::Kind::kSwigluClamped;
+  act.limit = 7.0f;
+  act.alpha = 1.702f;
+  for (WeightFormat f : kFormats) run_gemm1(f, {5, 0, 129, 1}, 384, 384, 1303, act, false, false, 0);
+}
+
+TEST(GroupedGemmW4a8, Gemm1ExactInputs) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (WeightFormat f : kFormats) {
+    run_gemm1(f, {0, 1, 70, 63, 130}, 512, 256, 1304, Activation{}, true, true, 0);
+    run_gemm1(f, {0, 1, 70, 63, 130}, 512, 256, 1305, Activation{}, true, true, 8);
+  }
+}
+
+TEST(GroupedGemmW4a8, Gemm1DeepHidden) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_gemm1(WeightFormat::kNvfp4, {33, 0, 80}, 7168, 256, 1306, Activation{}, true, false, 0);
+}
+
+TEST(GroupedGemmW4a8, RejectsBadInputs) {
+  kernels::GroupedGemm2W4a8Args args;
+  args.m_capacity = 16;
+  args.num_experts = 2;
+  args.hidden = 384;  // a multiple of 128 but not of 256
+  args.intermediate = 256;
+  try {
+    kernels::grouped_gemm2_w4a8(args, nullptr);
+    FAIL() << "hidden = 384 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("hidden = 384 must be a multiple of 256"), std::string::npos)
+        << error.what();
+  }
+  args.hidden = 512;
+  args.weights.format = WeightFormat::kFp8Block;
+  try {
+    kernels::grouped_gemm2_w4a8(args, nullptr);
+    FAIL() << "fp8_block weights accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("weights.format"), std::string::npos) << error.what();
+  }
+  args.weights.format = WeightFormat::kMxfp4;
+  try {
+    kernels::grouped_gemm2_w4a8(args, nullptr);
+    FAIL() << "null weights.data accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("weights.data must be non-null"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace megamoe
