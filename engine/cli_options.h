@@ -40,6 +40,12 @@ inline void add_engine_options(CLI::App& app, EngineCliOptions& options) {
   app.add_option("--seed", options.runner.load.seed, "seed of --load-format dummy")->capture_default_str();
   app.add_option("--block-size", options.runner.kv_block_size, "tokens per KV cache block")->capture_default_str();
   app.add_option("--num-kv-blocks", options.runner.num_kv_blocks, "KV cache blocks")->capture_default_str();
+  app.add_option("--device", options.runner.device,
+                 "model runner: auto (cuda for GPU MoE backends such as staged, else cpu) | cpu | cuda")
+      ->capture_default_str();
+  app.add_option("--attention", options.runner.attention,
+                 "GPU prefill attention: auto (cuDNN when available) | cudnn | paged (ours)")
+      ->capture_default_str();
   app.add_option("--max-num-batched-tokens", options.runner.max_tokens_per_step,
                  "largest step the MoE buffers hold (bigger steps are split)")
       ->capture_default_str();

@@ -1,6 +1,7 @@
 #include "engine/generate.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "engine/sampler.h"
 #include "megamoe/error.h"
@@ -25,6 +26,8 @@ std::vector<int32_t> generate(ModelRunner& runner, const std::vector<int32_t>& p
   std::vector<int32_t> generated;
   const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : static_cast<int64_t>(prompt.size());
   std::vector<float> logits;
+  using clock = std::chrono::steady_clock;
+  const auto prefill_start = clock::now();
   for (int64_t begin = 0; begin < static_cast<int64_t>(prompt.size()); begin += chunk) {
     const int64_t end = std::min<int64_t>(begin + chunk, prompt.size());
     StepBatch batch;
@@ -37,6 +40,7 @@ std::vector<int32_t> generate(ModelRunner& runner, const std::vector<int32_t>& p
     StepOutput out = runner.step(batch);
     if (c.want_logits) logits = std::move(out.logits.at(0));
   }
+  const auto decode_start = clock::now();
   int32_t position = static_cast<int32_t>(prompt.size());
   while (static_cast<int>(generated.size()) < params.max_tokens) {
     const int32_t token = sampler.sample(logits);
@@ -50,6 +54,10 @@ std::vector<int32_t> generate(ModelRunner& runner, const std::vector<int32_t>& p
     c.start_position = position++;
     c.block_table = block_table;
     logits = std::move(runner.step(batch).logits.at(0));
+  }
+  if (options.stats) {
+    options.stats->prefill_seconds = std::chrono::duration<double>(decode_start - prefill_start).count();
+    options.stats->decode_seconds = std::chrono::duration<double>(clock::now() - decode_start).count();
   }
   return generated;
 }

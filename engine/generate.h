@@ -9,10 +9,16 @@
 
 namespace megamoe::engine {
 
+struct GenerateStats {
+  double prefill_seconds = 0;  // wall time of the prefill steps (logits of the last prompt token on the host)
+  double decode_seconds = 0;
+};
+
 struct GenerateOptions {
   int prefill_chunk = 0;  // > 0: prefill in chunks of this many tokens (chunked prefill)
   int64_t seq_id = 0;
   int first_block = 0;    // the sequence uses KV blocks first_block, first_block + 1, ...
+  GenerateStats* stats = nullptr;  // filled when non-null
 };
 
 // Prefills `prompt`, then decodes until max_tokens or an EOS (unless ignore_eos). Returns the new

@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include "engine/step_batch.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -45,13 +47,6 @@ void rms_norm(const float* x, int64_t rows, int64_t size, const float* weight, f
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
-// The packed tokens of one step: chunk c owns tokens [offset[c], offset[c] + count[c]).
-struct PackedBatch {
-  int64_t num_tokens = 0;
-  std::vector<int64_t> offset;
-  std::vector<int32_t> positions;  // [T]
-  const StepBatch* batch = nullptr;
-};
 
 // Paged K/V of one layer: [num_blocks, block_size, kv_heads, head_dim] each.
 struct KvCache {
@@ -301,57 +296,9 @@ class CpuModelRunner final : public ModelRunner {
     return output;
   }
 
-  // Validates the batch against the cache and the model, and lays its tokens out back to back.
   PackedBatch pack(const StepBatch& batch) const {
-    PackedBatch packed;
-    packed.batch = &batch;
-    std::set<int64_t> seq_ids;
-    std::map<int32_t, size_t> written_by;  // block -> chunk that writes into it this step
-    for (size_t c = 0; c < batch.chunks.size(); ++c) {
-      const SequenceChunk& chunk = batch.chunks[c];
-      const std::string where = "step: chunks[" + std::to_string(c) + "] (seq_id " + std::to_string(chunk.seq_id) + ")";
-      MEGAMOE_CHECK(seq_ids.insert(chunk.seq_id).second, where, ": seq_id appears twice in one batch");
-      MEGAMOE_CHECK(!chunk.tokens.empty(), where, ": has no tokens");
-      MEGAMOE_CHECK(chunk.start_position >= 0, where, ": start_position = ", chunk.start_position, " < 0");
-      const int64_t end = static_cast<int64_t>(chunk.start_position) + static_cast<int64_t>(chunk.tokens.size());
-      MEGAMOE_CHECK(end <= config_.max_position_embeddings, where, ": positions up to ", end,
-                    " exceed max_position_embeddings = ", config_.max_position_embeddings);
-      const int64_t blocks_needed = (end + options_.kv_block_size - 1) / options_.kv_block_size;
-      MEGAMOE_CHECK(static_cast<int64_t>(chunk.block_table.size()) >= blocks_needed, where, ": block_table has ",
-                    chunk.block_table.size(), " blocks but positions [0, ", end, ") need ", blocks_needed,
-                    " of ", options_.kv_block_size, " tokens");
-      for (int64_t b = 0; b < blocks_needed; ++b) {
-        const int32_t block = chunk.block_table[b];
-        MEGAMOE_CHECK(block >= 0 && block < options_.num_kv_blocks, where, ": block_table[", b, "] = ", block,
-                      " outside [0, ", options_.num_kv_blocks, ")");
-      }
-      for (int64_t b = chunk.start_position / options_.kv_block_size; b < blocks_needed; ++b) {
-        const auto [it, inserted] = written_by.emplace(chunk.block_table[b], c);
-        MEGAMOE_CHECK(inserted || it->second == c, where, ": writes KV block ", chunk.block_table[b],
-                      " that chunks[", it->second, "] also writes");
-      }
-      for (int32_t token : chunk.tokens) {
-        MEGAMOE_CHECK(token >= 0 && token < config_.vocab_size, where, ": token ", token, " outside [0, ",
-                      config_.vocab_size, ")");
-      }
-      packed.offset.push_back(packed.num_tokens);
-      for (size_t i = 0; i < chunk.tokens.size(); ++i) {
-        packed.positions.push_back(chunk.start_position + static_cast<int32_t>(i));
-      }
-      packed.num_tokens += static_cast<int64_t>(chunk.tokens.size());
-    }
-    // A block another chunk only reads (shared prefix) must not be one written this step.
-    for (size_t c = 0; c < batch.chunks.size(); ++c) {
-      const SequenceChunk& chunk = batch.chunks[c];
-      const int64_t read_blocks = (static_cast<int64_t>(chunk.start_position) + options_.kv_block_size - 1) /
-                                  options_.kv_block_size;
-      for (int64_t b = 0; b < read_blocks; ++b) {
-        const auto it = written_by.find(chunk.block_table[b]);
-        MEGAMOE_CHECK(it == written_by.end() || it->second == c, "step: chunks[", c, "] reads KV block ",
-                      chunk.block_table[b], " that chunks[", it->second, "] writes in the same step");
-      }
-    }
-    return packed;
+    return pack_step_batch(batch, BatchLimits{config_.max_position_embeddings, config_.vocab_size,
+                                              options_.kv_block_size, options_.num_kv_blocks});
   }
 
   void dense_mlp(const LayerWeights& lw, const float* x, int64_t T, float* out) const {

@@ -34,6 +34,13 @@ struct RunnerOptions {
   // batch when they have no work. Logits are bit-identical to one rank holding every expert.
   std::shared_ptr<CpuEpGroup> cpu_ep;
   int ep_rank = 0;
+  // Which model runner make_model_runner builds: "cpu", "cuda", or "auto" (cuda when the MoE backend
+  // needs a GPU, e.g. staged / mega; else cpu).
+  std::string device = "auto";
+  // GPU runner only: CUDA device (ignored when `ep` is set: the group's device), and the attention of
+  // whole-sequence prefills: "auto" (cuDNN when available, else ours), "cudnn" (required), "paged" (ours).
+  int cuda_device = 0;
+  std::string attention = "auto";
 };
 
 // Reads <model_dir>/config.json (+ overrides) and the weights (or dummy ones with load.load_format ==
@@ -42,6 +49,11 @@ std::unique_ptr<ModelRunner> make_cpu_model_runner(const std::string& model_dir,
 // Same with an already-parsed config (model_dir may be empty for dummy weights).
 std::unique_ptr<ModelRunner> make_cpu_model_runner(const ModelConfig& config, const std::string& model_dir,
                                                    const RunnerOptions& options);
+
+// The runner options.device asks for (see RunnerOptions::device); the GPU runner is in gpu_model.h.
+std::unique_ptr<ModelRunner> make_model_runner(const std::string& model_dir, const RunnerOptions& options);
+// "cpu" or "cuda" for options.device ("auto" resolved by the backend's needs_gpu); throws on a bad name.
+std::string resolve_runner_device(const RunnerOptions& options);
 
 // Expert weight format of the MoE layers: a pre-quantized checkpoint's format, else the online
 // quantization when given, else BF16. Throws when --quantization asks to requantize a quantized checkpoint.

@@ -3,13 +3,14 @@
 # memcheck on small tests, and the benchmarks; print a short table last. Logs + JSON go to $OUT
 # (or out/).   scripts/gpu_check.sh [build-dir]
 #   env: BENCH=0 skips benchmarks, GEMM_BENCH=0 skips the GEMM ones, SANITIZE=0 skips memcheck,
-#        QUICK=1 runs fewer benchmark points
+#        QUICK=1 runs fewer benchmark points, TEST_FILTER=regex limits the gpu tests
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-megamoe}
 out=${OUT:-out}; mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source scripts/nccl_env.sh
+source scripts/cudnn_env.sh  # cuDNN attention needs .deps/cudnn-frontend too (install_deps.sh here, carried)
 summary=()
 step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seconds
   local name=$1 limit=$2; shift 2; local t0=$(date +%s)
@@ -17,12 +18,12 @@ step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seco
   else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -30 "$out/$name.log"; fi
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpus.txt"
-step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT"
+step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" -DCUDNN_ROOT="${CUDNN_ROOT:-}"
 cli="$build/megamoe"
-step test_gpu 240 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 120
+step test_gpu 240 ctest --test-dir "$build" -L gpu ${TEST_FILTER:+-R "$TEST_FILTER"} --output-on-failure --timeout 120
 step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
 if [ "${SANITIZE:-1}" = 1 ]; then
-  step memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
+  step memcheck 180 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
        --gtest_filter="${SANITIZE_FILTER:-GroupedGemmFp8.PlainSplitNSmallGroups:RouterCuda.*:*Bf16*Small*:GroupedGemmW4a8.PlainRandomShapes}"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
@@ -43,10 +44,12 @@ if [ "${BENCH:-1}" = 1 ]; then
   step bench_layer_w4a8 150 bash -c "'$cli' bench layer --backend staged --ranks 2 --preset dsv3 --format nvfp4 \
        --tokens 128,8192 --iters 5 --json '$out/bench_layer_nvfp4.json' && '$cli' bench layer --backend staged \
        --ranks 2 --preset dsv3 --format mxfp4 --tokens 128,8192 --iters 5 --json '$out/bench_layer_mxfp4.json'"
+  step bench_attention 60 "$cli" bench attention --seq-lens 4096 --heads 32 --kv-heads 4 --head-dim 128 \
+       --json "$out/bench_attention.json"
   step bench_layer_bf16 120 "$cli" bench layer --backend reference,staged --check --preset qwen3-30b --format bf16 \
        --tokens 32 --iters 3 --json "$out/bench_layer_bf16.json"
 fi
-for name in bench_gemm bench_gemm_bf16 bench_gemm_w4a8 bench_ep bench_layer bench_layer_w4a8 bench_layer_bf16; do
+for name in bench_gemm bench_gemm_bf16 bench_gemm_w4a8 bench_ep bench_layer bench_layer_w4a8 bench_layer_bf16 bench_attention; do
   [ -f "$out/$name.log" ] && { echo "== $name"; tail -n 24 "$out/$name.log"; }
 done
 grep -h -E "tests passed|tests failed" "$out"/test_*.log 2>/dev/null

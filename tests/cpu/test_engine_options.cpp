@@ -166,3 +166,40 @@ TEST(EngineOptions, StepRejectsBadBatches) {
 }
 
 }  // namespace
+
+namespace {
+
+// --device: auto picks the CPU runner for the reference backends and the GPU runner for the rest.
+TEST(EngineDevice, AutoFollowsTheBackendAndNamesAreChecked) {
+  RunnerOptions options;
+  for (const char* backend : {"reference", "ref", "cpu", "Reference-FP32"}) {
+    options.moe_backend = backend;
+    EXPECT_EQ(resolve_runner_device(options), "cpu") << backend;
+  }
+  for (const char* backend : {"staged", "Unfused", "mega", "fused"}) {
+    options.moe_backend = backend;
+    EXPECT_EQ(resolve_runner_device(options), "cuda") << backend;
+  }
+  options.moe_backend = "staged";
+  options.device = "CPU";
+  EXPECT_EQ(resolve_runner_device(options), "cpu");  // explicit choice wins (the CPU runner then refuses staged)
+  options.device = "gpu";
+  EXPECT_EQ(resolve_runner_device(options), "cuda");
+  options.device = "tpu";
+  try {
+    resolve_runner_device(options);
+    ADD_FAILURE() << "--device tpu accepted";
+  } catch (const Error& e) {
+    EXPECT_CONTAINS(e.what(), "--device 'tpu' is not supported (auto, cpu, cuda)");
+  }
+}
+
+TEST(EngineDevice, MakeModelRunnerBuildsTheCpuRunnerForReference) {
+  RunnerOptions options = dummy_options(3);
+  options.device = "auto";
+  auto via_factory = make_model_runner(fixture("tiny-mixtral"), options);
+  auto direct = make_cpu_model_runner(fixture("tiny-mixtral"), options);
+  EXPECT_EQ(run_prompt(*via_factory), run_prompt(*direct));  // the same runner, bit for bit
+}
+
+}  // namespace

@@ -117,12 +117,12 @@ TEST(ServerCli, DataParallelExpertParallelServesTheSameTokensAsOneRank) {
   ASSERT_EQ(one.tokens.size(), 8u) << one.log;
   EXPECT_EQ(ep.tokens, one.tokens) << ep.log;
   EXPECT_TRUE(WIFEXITED(ep.exit_status) && WEXITSTATUS(ep.exit_status) == 0) << "status " << ep.exit_status;
-  // Where it cannot run (a GPU backend in this CPU runner) serve refuses at startup, saying why.
+  // Where it cannot run (GPU DP+EP needs one process per GPU) serve refuses at startup, saying why.
   const ServeRun refused =
       serve_once({"--data-parallel-size", "2", "--enable-expert-parallel", "--moe-backend", "staged"});
   EXPECT_TRUE(refused.tokens.empty());
   EXPECT_TRUE(WIFEXITED(refused.exit_status) && WEXITSTATUS(refused.exit_status) != 0) << refused.log;
-  EXPECT_NE(refused.log.find("needs the multi-GPU runner"), std::string::npos) << refused.log;
+  EXPECT_NE(refused.log.find("needs one process per GPU"), std::string::npos) << refused.log;
 }
 
 TEST(ServerEngine, LockstepRanksStepTogetherWithEmptyBatches) {

@@ -40,11 +40,19 @@ int run(const ServeFlags& f) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   MEGAMOE_CHECK(f.data_parallel_size >= 1, "--data-parallel-size ", f.data_parallel_size, " must be >= 1");
   const std::string backend = megamoe::normalize_backend_name(f.engine.runner.moe_backend);
-  const bool cpu_expert_parallel = f.enable_expert_parallel && f.data_parallel_size > 1;
-  MEGAMOE_CHECK(!cpu_expert_parallel || backend == "reference" || backend == "reference_fp32",
+  const std::string device = megamoe::engine::resolve_runner_device(f.engine.runner);
+  const bool expert_parallel = f.enable_expert_parallel && f.data_parallel_size > 1;
+  // NOTES: the GPU runner's expert parallelism needs one process per GPU (EpGroup, src/ep/launcher.cpp);
+  // serve runs its ranks as threads of one process, so it does GPU DP without EP only.
+  MEGAMOE_CHECK(!expert_parallel || device == "cpu", "--enable-expert-parallel with --data-parallel-size ",
+                f.data_parallel_size, " on the GPU (--moe-backend ", f.engine.runner.moe_backend,
+                ") needs one process per GPU, which serve does not do yet: use `megamoe generate` for GPU DP+EP, or "
+                "serve GPU DP without --enable-expert-parallel, or the CPU reference backend");
+  MEGAMOE_CHECK(!expert_parallel || backend == "reference" || backend == "reference_fp32",
                 "--enable-expert-parallel with --data-parallel-size ", f.data_parallel_size, " and --moe-backend ",
-                f.engine.runner.moe_backend, " needs the multi-GPU runner, which this build does not have (the CPU runner "
-                "shards experts over in-process ranks with --moe-backend reference only)");
+                f.engine.runner.moe_backend, ": the CPU runner shards experts over in-process ranks with --moe-backend "
+                "reference only");
+  const bool cpu_expert_parallel = expert_parallel;
   MEGAMOE_CHECK(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1, "--gpu-memory-utilization ",
                 f.gpu_memory_utilization, " must be in (0, 1]");
   const std::string& model = f.engine.model;
@@ -65,7 +73,8 @@ int run(const ServeFlags& f) {
   for (int rank = 0; rank < f.data_parallel_size; ++rank) {
     runner_options.load.progress = rank == 0;
     runner_options.ep_rank = rank;
-    runners.push_back(megamoe::engine::make_cpu_model_runner(model, runner_options));
+    runner_options.cuda_device = rank;  // GPU DP: one device per rank
+    runners.push_back(megamoe::engine::make_model_runner(model, runner_options));
   }
   const auto& info = runners.front()->info();
 
@@ -96,10 +105,10 @@ int run(const ServeFlags& f) {
     server.stop();
   });
   std::fprintf(stderr,
-               "megamoe serve: %s (%s, vocab %d) as '%s' on http://%s:%d | runner cpu-reference, moe backend %s, "
+               "megamoe serve: %s (%s, vocab %d) as '%s' on http://%s:%d | runner %s, moe backend %s, "
                "dp %d | max_model_len %d, max_num_seqs %d, max_num_batched_tokens %d, kv %d blocks x %d%s\n",
                model.c_str(), info.model_type.c_str(), info.vocab_size, http_options.served_model_names[0].c_str(),
-               f.host.c_str(), port, runner_options.moe_backend.c_str(), f.data_parallel_size, engine.max_model_len(),
+               f.host.c_str(), port, device.c_str(), runner_options.moe_backend.c_str(), f.data_parallel_size, engine.max_model_len(),
                f.max_num_seqs, engine_options.max_num_batched_tokens, runner_options.num_kv_blocks,
                runner_options.kv_block_size,
                f.enforce_eager ? " | enforce-eager" : "");
