@@ -47,6 +47,8 @@ class ModelRunner {
   // Runs the model over the batch (packed, causal per sequence, attending to its KV cache) and
   // writes the new tokens' K/V into their blocks. Throws megamoe::Error on bad input.
   virtual StepOutput step(const StepBatch& batch) = 0;
+  // Non-empty once the runner can never step again (a serve worker process died): why.
+  virtual std::string failure() const { return {}; }
 };
 
 // Sampling parameters of one request (OpenAI-shaped).

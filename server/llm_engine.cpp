@@ -93,6 +93,16 @@ SubmitResult LLMEngine::submit(std::vector<int32_t> prompt, engine::SamplingPara
   if (!(params.temperature >= 0.0f && std::isfinite(params.temperature))) return invalid(detail::concat("temperature ", params.temperature, " must be >= 0"));
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
     return invalid(detail::concat("top_p ", params.top_p, " must be in (0, 1]"));
+  // A rank that can never step again (its worker process died) stops the whole server: with expert
+  // parallelism the other ranks cannot run a forward without it.
+  for (const auto& runner : runners_) {
+    const std::string failure = runner->failure();
+    if (!failure.empty()) {
+      result.status = SubmitResult::kOverloaded;
+      result.message = "server unavailable: " + failure;
+      return result;
+    }
+  }
   if (in_engine_.load() >= options_.max_queued_requests) {
     result.status = SubmitResult::kOverloaded;
     result.message = detail::concat("server overloaded: ", options_.max_queued_requests,
