@@ -184,8 +184,19 @@ TEST(ServerCli, WorkerProcessesServeTheSameTokensAsOneRankInProcess) {
   ASSERT_EQ(one.tokens.size(), 8u) << one.log;
   // DP2, each rank's CPU runner in a worker process of its own; four concurrent requests land on both.
   std::vector<pid_t> workers;
-  const ServeRun two = serve_once({"--data-parallel-size", "2", "--worker-processes"}, 4,
-                                  [&](int, pid_t pid) { workers = children_of(pid); });
+  std::string metrics;
+  const ServeRun two = serve_once({"--data-parallel-size", "2", "--worker-processes"}, 4, [&](int port, pid_t pid) {
+    workers = children_of(pid);
+    httplib::Client client("127.0.0.1", port);
+    if (auto res = client.Get("/metrics")) metrics = res->body;
+  });
+  // Both workers served requests (the engine balances new requests over the ranks).
+  for (const std::string rank : {"0", "1"}) {
+    const std::regex assigned("megamoe_rank_requests_total\\{rank=\"" + rank + "\"\\} ([0-9]+)");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(metrics, match, assigned)) << metrics;
+    EXPECT_GE(std::stoi(match[1]), 1) << "rank " << rank << "\n" << metrics;
+  }
   EXPECT_NE(two.log.find("dp 2 (worker processes)"), std::string::npos) << two.log;
   EXPECT_EQ(workers.size(), 2u) << "worker processes of the server";
   EXPECT_EQ(two.tokens, one.tokens) << two.log;
