@@ -19,9 +19,9 @@ class FrameWriter {
     put_raw(4, uint32_t(kind));
   }
   template <typename T> void put(T value) {
-    const size_t at = bytes_.size();
-    bytes_.resize(at + sizeof(T));
-    std::memcpy(bytes_.data() + at, &value, sizeof(T));
+    uint8_t raw[sizeof(T)];
+    std::memcpy(raw, &value, sizeof(T));
+    bytes_.insert(bytes_.end(), raw, raw + sizeof(T));
   }
   template <typename T> void put_array(const std::vector<T>& values) {
     put<int32_t>(int32_t(values.size()));
