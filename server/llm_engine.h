@@ -82,7 +82,7 @@ class LLMEngine {
   void loop();
   void admit_new_requests();
   void apply_aborts();
-  void process_step(int rank, const ScheduledStep& step, const engine::StepOutput& output, const std::string& error);
+  void process_step(int rank, const ScheduledStep& step, const std::vector<int32_t>& sampled, const std::string& error);
   void finish(Request& request, FinishReason reason, GenerationUpdate update);
   void publish_stats();
 

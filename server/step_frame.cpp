@@ -98,8 +98,9 @@ std::vector<uint8_t> encode_hello(const WorkerHello& hello) {
   return w.finish();
 }
 
-std::vector<uint8_t> encode_step(const engine::StepBatch& batch) {
-  FrameWriter w(FrameKind::kStep);
+namespace {
+
+void put_batch(FrameWriter& w, const engine::StepBatch& batch) {
   w.put<int32_t>(int32_t(batch.chunks.size()));
   for (const auto& chunk : batch.chunks) {
     w.put<int64_t>(chunk.seq_id);
@@ -108,6 +109,49 @@ std::vector<uint8_t> encode_step(const engine::StepBatch& batch) {
     w.put_array(chunk.tokens);
     w.put_array(chunk.block_table);
   }
+}
+
+engine::StepBatch get_batch(FrameReader& r) {
+  engine::StepBatch batch;
+  // Smallest chunk: seq_id + start_position + want_logits + two counts = 8 + 4 + 1 + 4 + 4 bytes.
+  const int32_t chunks = r.count("chunks", 21);
+  batch.chunks.resize(size_t(chunks));
+  for (auto& chunk : batch.chunks) {
+    chunk.seq_id = r.get<int64_t>("chunk.seq_id");
+    chunk.start_position = r.get<int32_t>("chunk.start_position");
+    const uint8_t want = r.get<uint8_t>("chunk.want_logits");
+    MEGAMOE_CHECK(want <= 1, "step frame: field chunk.want_logits = ", int(want), " must be 0 or 1");
+    chunk.want_logits = want == 1;
+    chunk.tokens = r.get_array<int32_t>("chunk.tokens");
+    chunk.block_table = r.get_array<int32_t>("chunk.block_table");
+  }
+  return batch;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_step(const engine::StepBatch& batch) {
+  FrameWriter w(FrameKind::kStep);
+  put_batch(w, batch);
+  return w.finish();
+}
+
+std::vector<uint8_t> encode_sample_step(const engine::StepBatch& batch, const std::vector<engine::ChunkSampling>& sampling) {
+  FrameWriter w(FrameKind::kSampleStep);
+  put_batch(w, batch);
+  w.put<int32_t>(int32_t(sampling.size()));
+  for (const auto& s : sampling) {
+    w.put<float>(s.temperature);
+    w.put<float>(s.top_p);
+    w.put<int64_t>(s.seed);
+    w.put<int64_t>(s.draws);
+  }
+  return w.finish();
+}
+
+std::vector<uint8_t> encode_tokens(const std::vector<int32_t>& tokens) {
+  FrameWriter w(FrameKind::kTokens);
+  w.put_array(tokens);
   return w.finish();
 }
 
@@ -140,8 +184,8 @@ FrameHeader decode_header(const uint8_t* bytes, size_t size) {
   std::memcpy(&kind, bytes + 4, 4);
   std::memcpy(&payload, bytes + 8, 8);
   MEGAMOE_CHECK(magic == kFrameMagic, "frame header: field magic = ", magic, " must be ", kFrameMagic);
-  MEGAMOE_CHECK(kind >= uint32_t(FrameKind::kHello) && kind <= uint32_t(FrameKind::kStop), "frame header: field kind = ",
-                kind, " must be in [1, 5]");
+  MEGAMOE_CHECK(kind >= uint32_t(FrameKind::kHello) && kind <= kLastFrameKind, "frame header: field kind = ",
+                kind, " must be in [1, ", kLastFrameKind, "]");
   MEGAMOE_CHECK(payload <= kMaxFramePayloadBytes, "frame header: field payload_bytes = ", payload, " must be <= ",
                 kMaxFramePayloadBytes);
   return {FrameKind(kind), payload};
@@ -166,21 +210,33 @@ WorkerHello decode_hello(const uint8_t* payload, size_t size) {
 
 engine::StepBatch decode_step(const uint8_t* payload, size_t size) {
   FrameReader r("step", payload, size);
-  engine::StepBatch batch;
-  // Smallest chunk: seq_id + start_position + want_logits + two counts = 8 + 4 + 1 + 4 + 4 bytes.
-  const int32_t chunks = r.count("chunks", 21);
-  batch.chunks.resize(size_t(chunks));
-  for (auto& chunk : batch.chunks) {
-    chunk.seq_id = r.get<int64_t>("chunk.seq_id");
-    chunk.start_position = r.get<int32_t>("chunk.start_position");
-    const uint8_t want = r.get<uint8_t>("chunk.want_logits");
-    MEGAMOE_CHECK(want <= 1, "step frame: field chunk.want_logits = ", int(want), " must be 0 or 1");
-    chunk.want_logits = want == 1;
-    chunk.tokens = r.get_array<int32_t>("chunk.tokens");
-    chunk.block_table = r.get_array<int32_t>("chunk.block_table");
-  }
+  engine::StepBatch batch = get_batch(r);
   r.expect_end();
   return batch;
+}
+
+SampleStep decode_sample_step(const uint8_t* payload, size_t size) {
+  FrameReader r("sample step", payload, size);
+  SampleStep step;
+  step.batch = get_batch(r);
+  const int32_t entries = r.count("sampling", 24);
+  step.sampling.resize(size_t(entries));
+  for (auto& s : step.sampling) {
+    s.temperature = r.get<float>("sampling.temperature");
+    s.top_p = r.get<float>("sampling.top_p");
+    s.seed = r.get<int64_t>("sampling.seed");
+    s.draws = r.get<int64_t>("sampling.draws");
+    MEGAMOE_CHECK(s.draws >= 0, "sample step frame: field sampling.draws = ", s.draws, " must be >= 0");
+  }
+  r.expect_end();
+  return step;
+}
+
+std::vector<int32_t> decode_tokens(const uint8_t* payload, size_t size) {
+  FrameReader r("tokens", payload, size);
+  std::vector<int32_t> tokens = r.get_array<int32_t>("tokens");
+  r.expect_end();
+  return tokens;
 }
 
 engine::StepOutput decode_output(const uint8_t* payload, size_t size) {

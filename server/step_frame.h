@@ -9,6 +9,9 @@
 //   kOutput : (worker -> front-end) i32 rows, i32 row_length, f32[rows x row_length] logits
 //   kError  : (worker -> front-end) str message (a megamoe::Error raised by the worker's step)
 //   kStop   : (front-end -> worker) empty: the worker exits its loop
+//   kSampleStep : (front-end -> worker) the kStep fields, then i32 entries, per entry (one per
+//             want_logits chunk): f32 temperature, f32 top_p, i64 seed, i64 draws
+//   kTokens : (worker -> front-end) i32[] sampled token ids, one per want_logits chunk
 // NOTES: decoding never trusts a count: every array length is checked against the bytes left before
 // anything is allocated, and a malformed frame throws megamoe::Error naming the field.
 #pragma once
@@ -25,7 +28,13 @@ inline constexpr uint32_t kFrameMagic = 0x46534d4du;  // "MMSF"
 inline constexpr size_t kFrameHeaderBytes = 16;
 inline constexpr uint64_t kMaxFramePayloadBytes = uint64_t(1) << 32;  // 4 GiB: a corrupt length, not a step
 
-enum class FrameKind : uint32_t { kHello = 1, kStep = 2, kOutput = 3, kError = 4, kStop = 5 };
+enum class FrameKind : uint32_t { kHello = 1, kStep = 2, kOutput = 3, kError = 4, kStop = 5, kSampleStep = 6, kTokens = 7 };
+inline constexpr uint32_t kLastFrameKind = 7;
+
+struct SampleStep {
+  engine::StepBatch batch;
+  std::vector<engine::ChunkSampling> sampling;
+};
 
 struct WorkerHello {
   engine::ModelInfo info;
@@ -44,6 +53,8 @@ std::vector<uint8_t> encode_step(const engine::StepBatch& batch);
 std::vector<uint8_t> encode_output(const engine::StepOutput& output);
 std::vector<uint8_t> encode_error(const std::string& message);
 std::vector<uint8_t> encode_stop();
+std::vector<uint8_t> encode_sample_step(const engine::StepBatch& batch, const std::vector<engine::ChunkSampling>& sampling);
+std::vector<uint8_t> encode_tokens(const std::vector<int32_t>& tokens);
 
 // Header: checks the magic, the kind and the payload bound.
 FrameHeader decode_header(const uint8_t* bytes, size_t size);
@@ -53,6 +64,8 @@ WorkerHello decode_hello(const uint8_t* payload, size_t size);
 engine::StepBatch decode_step(const uint8_t* payload, size_t size);
 engine::StepOutput decode_output(const uint8_t* payload, size_t size);
 std::string decode_error(const uint8_t* payload, size_t size);
+SampleStep decode_sample_step(const uint8_t* payload, size_t size);
+std::vector<int32_t> decode_tokens(const uint8_t* payload, size_t size);
 
 // Blocking whole-frame socket I/O (EINTR-safe). read_frame returns false on a clean EOF before the
 // header; a short frame or a socket error throws megamoe::Error with `who` in the message.

@@ -97,24 +97,35 @@ void RemoteRunner::die(const std::string& what) {
   MEGAMOE_FAIL(message);
 }
 
-engine::StepOutput RemoteRunner::step(const engine::StepBatch& batch) {
+void RemoteRunner::exchange(const std::vector<uint8_t>& frame, FrameKind expected, std::vector<uint8_t>* payload) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     MEGAMOE_CHECK(failure_.empty(), failure_);
   }
   FrameHeader header;
-  std::vector<uint8_t> payload;
   bool got = false;
   try {
-    write_frame(fd_, encode_step(batch), who());
-    got = read_frame(fd_, &header, &payload, who());
+    write_frame(fd_, frame, who());
+    got = read_frame(fd_, &header, payload, who());
   } catch (const Error& e) {
     die(e.what());
   }
   if (!got) die("socket closed during a step");
-  if (header.kind == FrameKind::kError) MEGAMOE_FAIL(decode_error(payload.data(), payload.size()));
-  if (header.kind != FrameKind::kOutput) die("answered a step with frame kind " + std::to_string(int(header.kind)));
+  if (header.kind == FrameKind::kError) MEGAMOE_FAIL(decode_error(payload->data(), payload->size()));
+  if (header.kind != expected) die("answered a step with frame kind " + std::to_string(int(header.kind)));
+}
+
+engine::StepOutput RemoteRunner::step(const engine::StepBatch& batch) {
+  std::vector<uint8_t> payload;
+  exchange(encode_step(batch), FrameKind::kOutput, &payload);
   return decode_output(payload.data(), payload.size());
+}
+
+std::vector<int32_t> RemoteRunner::step_and_sample(const engine::StepBatch& batch,
+                                                   const std::vector<engine::ChunkSampling>& sampling) {
+  std::vector<uint8_t> payload;
+  exchange(encode_sample_step(batch, sampling), FrameKind::kTokens, &payload);
+  return decode_tokens(payload.data(), payload.size());
 }
 
 std::vector<std::unique_ptr<engine::ModelRunner>> start_worker_processes(int ranks, const std::vector<std::string>& argv,
@@ -225,10 +236,16 @@ void serve_worker_steps(engine::ModelRunner& runner, const std::string& socket_p
     FrameHeader header;
     std::vector<uint8_t> payload;
     while (read_frame(fd, &header, &payload, who) && header.kind != FrameKind::kStop) {
-      MEGAMOE_CHECK(header.kind == FrameKind::kStep, who, ": expected a step frame, got kind ", int(header.kind));
+      MEGAMOE_CHECK(header.kind == FrameKind::kStep || header.kind == FrameKind::kSampleStep, who,
+                    ": expected a step frame, got kind ", int(header.kind));
       std::vector<uint8_t> reply;
       try {
-        reply = encode_output(runner.step(decode_step(payload.data(), payload.size())));
+        if (header.kind == FrameKind::kStep) {
+          reply = encode_output(runner.step(decode_step(payload.data(), payload.size())));
+        } else {
+          const SampleStep step = decode_sample_step(payload.data(), payload.size());
+          reply = encode_tokens(runner.step_and_sample(step.batch, step.sampling));
+        }
       } catch (const Error& e) {
         reply = encode_error(e.what());
       }

@@ -33,9 +33,14 @@ class RemoteRunner : public engine::ModelRunner {
   int kv_block_size() const override { return hello_.kv_block_size; }
   int num_kv_blocks() const override { return hello_.num_kv_blocks; }
   engine::StepOutput step(const engine::StepBatch& batch) override;
+  // Sampling runs in the worker: only token ids come back (kSampleStep -> kTokens).
+  std::vector<int32_t> step_and_sample(const engine::StepBatch& batch,
+                                       const std::vector<engine::ChunkSampling>& sampling) override;
   std::string failure() const override;
 
  private:
+  // Sends `frame`, waits for the answer; a kError answer is rethrown, a lost worker is die().
+  void exchange(const std::vector<uint8_t>& frame, FrameKind expected, std::vector<uint8_t>* payload);
   [[noreturn]] void die(const std::string& what);
   std::string who() const;
   int rank_;
