@@ -207,6 +207,36 @@ TEST(ServerCli, WorkerProcessesServeTheSameTokensAsOneRankInProcess) {
   for (pid_t worker : workers) EXPECT_NE(kill(worker, 0), 0) << "worker " << worker << " outlived the server";
 }
 
+// Seeded temperature sampling runs in the worker processes; the same seed gives the same tokens as
+// sampling in the in-process DP1 engine.
+TEST(ServerCli, WorkerProcessesSampleSeededRequestsLikeOneRankInProcess) {
+  if (access(kBinary.c_str(), X_OK) != 0) GTEST_SKIP() << kBinary << " not built";
+  auto sampled = [](int port, int64_t seed) {
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(std::chrono::seconds(60));
+    auto res = client.Post("/v1/completions",
+                           json{{"model", "tiny"}, {"prompt", "Once upon a time"}, {"max_tokens", 12},
+                                {"temperature", 1.0}, {"top_p", 0.95}, {"seed", seed}, {"ignore_eos", true},
+                                {"return_token_ids", true}}.dump(),
+                           "application/json");
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no reply");
+    return res && res->status == 200 ? json::parse(res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>()
+                                     : std::vector<int32_t>{};
+  };
+  std::vector<std::vector<int32_t>> one_rank, workers;
+  serve_once({}, 0, [&](int port, pid_t) {
+    for (int64_t seed : {7, 8, 7}) one_rank.push_back(sampled(port, seed));
+  });
+  serve_once({"--data-parallel-size", "2", "--worker-processes"}, 0, [&](int port, pid_t) {
+    for (int64_t seed : {7, 8, 7}) workers.push_back(sampled(port, seed));
+  });
+  ASSERT_EQ(one_rank.size(), 3u);
+  ASSERT_EQ(one_rank[0].size(), 12u);
+  EXPECT_EQ(workers, one_rank);
+  EXPECT_EQ(one_rank[0], one_rank[2]);  // same seed, same tokens
+  EXPECT_NE(one_rank[0], one_rank[1]);  // a different seed samples differently
+}
+
 TEST(ServerCli, DeadWorkerProcessFailsRequestsAndTheServerAnswers503) {
   if (access(kBinary.c_str(), X_OK) != 0) GTEST_SKIP() << kBinary << " not built";
   std::string first_error, second_error;

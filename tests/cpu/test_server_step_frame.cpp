@@ -103,6 +103,44 @@ TEST(StepFrame, OutputHelloErrorRoundTrip) {
             "block_table entry 99 must be < 64");
 }
 
+TEST(StepFrame, SampleStepAndTokensRoundTrip) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  const auto batch = random_batch(rng);
+  std::vector<megamoe::engine::ChunkSampling> sampling;
+  for (const auto& chunk : batch.chunks)
+    if (chunk.want_logits)
+      sampling.push_back({float(rng() % 1000) / 500.0f, float(rng() % 1000 + 1) / 1000.0f, int64_t(rng() >> 1),
+                          int64_t(rng() % 100000)});
+  const auto frame = megamoe::server::encode_sample_step(batch, sampling);
+  EXPECT_EQ(megamoe::server::decode_header(frame.data(), frame.size()).kind, FrameKind::kSampleStep);
+  const auto back = megamoe::server::decode_sample_step(frame.data() + 16, frame.size() - 16);
+  ASSERT_EQ(back.batch.chunks.size(), batch.chunks.size());
+  for (size_t c = 0; c < batch.chunks.size(); ++c) EXPECT_EQ(back.batch.chunks[c].tokens, batch.chunks[c].tokens);
+  ASSERT_EQ(back.sampling.size(), sampling.size());
+  for (size_t i = 0; i < sampling.size(); ++i) {
+    EXPECT_EQ(back.sampling[i].temperature, sampling[i].temperature);
+    EXPECT_EQ(back.sampling[i].top_p, sampling[i].top_p);
+    EXPECT_EQ(back.sampling[i].seed, sampling[i].seed);
+    EXPECT_EQ(back.sampling[i].draws, sampling[i].draws);
+  }
+  const std::vector<int32_t> tokens = {5, 0, 151935, 42};
+  const auto token_frame = megamoe::server::encode_tokens(tokens);
+  EXPECT_EQ(megamoe::server::decode_tokens(token_frame.data() + 16, token_frame.size() - 16), tokens);
+  // Truncated sampling entries and a negative draw count name their fields.
+  megamoe::engine::StepBatch one;
+  one.chunks.push_back({1, {5}, 0, {0}, true});
+  auto small = megamoe::server::encode_sample_step(one, {{0.7f, 0.9f, 99, 3}});
+  EXPECT_NE(error_of([&] { megamoe::server::decode_sample_step(small.data() + 16, small.size() - 20); }).find("sampling"),
+            std::string::npos);
+  const int64_t negative = -1;
+  std::memcpy(small.data() + small.size() - 8, &negative, 8);
+  EXPECT_NE(error_of([&] { megamoe::server::decode_sample_step(small.data() + 16, small.size() - 16); })
+                .find("field sampling.draws = -1"),
+            std::string::npos);
+}
+
 TEST(StepFrame, EveryTruncationIsAnErrorNamingTheField) {
   std::mt19937_64 rng(7);
   const auto frame = megamoe::server::encode_step(random_batch(rng));

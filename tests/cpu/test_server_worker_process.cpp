@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -69,6 +70,18 @@ TEST(ServeWorkerProcess, RemoteRunnerStepsRethrowsWorkerErrorsAndReportsADeadWor
     ASSERT_EQ(got.logits.size(), want.logits.size());
     for (size_t r = 0; r < want.logits.size(); ++r) EXPECT_EQ(got.logits[r], want.logits[r]) << "row " << r;
   }
+  // Sampling in the worker: seeded temperature / top-p draws give the tokens the local runner samples
+  // with the same (seed, draws), and greedy rows the argmax.
+  const std::vector<megamoe::engine::ChunkSampling> sampling = {{0.9f, 0.8f, 1234, 17}, {0.0f, 1.0f, 5, 0}};
+  const auto want_tokens = local.step_and_sample(decode, sampling);
+  const auto got_tokens = remote.step_and_sample(decode, sampling);
+  EXPECT_EQ(got_tokens, want_tokens);
+  ASSERT_EQ(got_tokens.size(), 2u);
+  // And a different draw count moves along the stream (sampled, not constant): over 32 draw counts
+  // the tokens are not all the same.
+  std::vector<int32_t> along;
+  for (int64_t draws = 0; draws < 32; ++draws) along.push_back(remote.step_and_sample(decode, {{1.5f, 1.0f, 1234, draws}, {0.0f, 1.0f, 5, 0}})[0]);
+  EXPECT_NE(std::count(along.begin(), along.end(), along.front()), 32);
   // The worker's error comes back as the same message; the worker still serves the next step.
   megamoe::engine::StepBatch bad;
   bad.chunks.push_back({9, {1, 2, 3, 4, 5}, 0, {1}, true});  // 5 tokens, one 4-token block
