@@ -95,13 +95,10 @@ SubmitResult LLMEngine::submit(std::vector<int32_t> prompt, engine::SamplingPara
     return invalid(detail::concat("top_p ", params.top_p, " must be in (0, 1]"));
   // A rank that can never step again (its worker process died) stops the whole server: with expert
   // parallelism the other ranks cannot run a forward without it.
-  for (const auto& runner : runners_) {
-    const std::string failure = runner->failure();
-    if (!failure.empty()) {
-      result.status = SubmitResult::kOverloaded;
-      result.message = "server unavailable: " + failure;
-      return result;
-    }
+  if (const std::string failed = failure(); !failed.empty()) {
+    result.status = SubmitResult::kOverloaded;
+    result.message = "server unavailable: " + failed;
+    return result;
   }
   if (in_engine_.load() >= options_.max_queued_requests) {
     result.status = SubmitResult::kOverloaded;
@@ -227,6 +224,12 @@ void LLMEngine::finish(Request& request, FinishReason reason, GenerationUpdate u
   // Stats first: whoever the callback wakes sees this sequence's blocks already free.
   publish_stats();
   if (callback) callback(std::move(update));
+}
+
+std::string LLMEngine::failure() const {
+  for (const auto& runner : runners_)
+    if (std::string failed = runner->failure(); !failed.empty()) return failed;
+  return {};
 }
 
 void LLMEngine::process_step(int rank, const ScheduledStep& step, const std::vector<int32_t>& sampled,

@@ -76,6 +76,9 @@ class LLMEngine {
   int max_model_len() const { return max_model_len_; }
   int num_ranks() const { return int(runners_.size()); }
   EngineStats stats() const;
+  // Non-empty once some rank can never step again (its worker process died): then every new
+  // request is refused (503) and /health answers 503.
+  std::string failure() const;
 
  private:
   struct Request;

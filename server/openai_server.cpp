@@ -125,7 +125,14 @@ void OpenAIServer::install_routes() {
     reply_error(res, 500, message);
   });
 
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const std::string failed = engine_.failure();
+    if (failed.empty()) {
+      res.status = 200;
+    } else {
+      reply_error(res, 503, "server unavailable: " + failed);
+    }
+  });
 
   http_->Get("/v1/models", [this, default_model](const httplib::Request&, httplib::Response& res) {
     json data = json::array();

@@ -244,6 +244,10 @@ TEST(ServerCli, DeadWorkerProcessFailsRequestsAndTheServerAnswers503) {
   const ServeRun run = serve_once({"--data-parallel-size", "2", "--worker-processes"}, 0, [&](int port, pid_t pid) {
     const std::vector<pid_t> workers = children_of(pid);
     ASSERT_EQ(workers.size(), 2u);
+    httplib::Client healthy("127.0.0.1", port);
+    auto before = healthy.Get("/health");
+    ASSERT_TRUE(before);
+    EXPECT_EQ(before->status, 200);
     for (pid_t worker : workers) kill(worker, SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     httplib::Client client("127.0.0.1", port);
@@ -258,6 +262,9 @@ TEST(ServerCli, DeadWorkerProcessFailsRequestsAndTheServerAnswers503) {
     ASSERT_TRUE(second);
     second_status = second->status;
     second_error = second->body;
+    auto health = client.Get("/health");
+    ASSERT_TRUE(health);
+    EXPECT_EQ(health->status, 503) << health->body;
   });
   ASSERT_EQ(run.tokens.size(), 8u) << run.log;
   EXPECT_NE(first_status, 200) << first_error;
