@@ -33,6 +33,16 @@ struct StepBatch {
   std::vector<SequenceChunk> chunks;
 };
 
+// How to sample one want_logits chunk's next token in step_and_sample(): the request's parameters
+// (the engine has fixed its seed) and how many random draws its sampler made before this one, so a
+// seeded request samples the same tokens in whichever process runs the step.
+struct ChunkSampling {
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int64_t seed = 0;
+  int64_t draws = 0;
+};
+
 struct StepOutput {
   // One row of vocab_size floats per chunk with want_logits, in chunk order.
   std::vector<std::vector<float>> logits;
@@ -47,6 +57,12 @@ class ModelRunner {
   // Runs the model over the batch (packed, causal per sequence, attending to its KV cache) and
   // writes the new tokens' K/V into their blocks. Throws megamoe::Error on bad input.
   virtual StepOutput step(const StepBatch& batch) = 0;
+  // step() then one token per want_logits chunk (`sampling` has one entry per such chunk, in order),
+  // sampled with engine/sampler.h (defined in engine/sampler.cpp). A worker-backed runner overrides
+  // it so only token ids cross the process boundary, not vocab-sized logits rows.
+  virtual std::vector<int32_t> step_and_sample(const StepBatch& batch, const std::vector<ChunkSampling>& sampling);
+  // Non-empty once the runner can never step again (a serve worker process died): why.
+  virtual std::string failure() const { return {}; }
 };
 
 // Sampling parameters of one request (OpenAI-shaped).

@@ -58,4 +58,29 @@ int32_t Sampler::sample(std::span<const float> logits) {
   return order[keep - 1];
 }
 
+std::vector<int32_t> ModelRunner::step_and_sample(const StepBatch& batch, const std::vector<ChunkSampling>& sampling) {
+  size_t wanted = 0;
+  for (const auto& chunk : batch.chunks) wanted += chunk.want_logits;
+  MEGAMOE_CHECK(sampling.size() == wanted, "step_and_sample: ", sampling.size(), " sampling entries for ", wanted,
+                " want_logits chunks");
+  const StepOutput output = step(batch);
+  MEGAMOE_CHECK(output.logits.size() == wanted, "runner returned ", output.logits.size(), " logits rows, expected ",
+                wanted);
+  const int vocab = info().vocab_size;
+  std::vector<int32_t> tokens;
+  tokens.reserve(wanted);
+  for (size_t i = 0; i < wanted; ++i) {
+    MEGAMOE_CHECK(int(output.logits[i].size()) == vocab, "logits row has ", output.logits[i].size(),
+                  " entries, expected vocab_size ", vocab);
+    SamplingParams params;
+    params.temperature = sampling[i].temperature;
+    params.top_p = sampling[i].top_p;
+    params.seed = sampling[i].seed;
+    Sampler sampler(params);
+    sampler.skip_draws(uint64_t(sampling[i].draws));
+    tokens.push_back(sampler.sample(output.logits[i]));
+  }
+  return tokens;
+}
+
 }  // namespace megamoe::engine

@@ -17,6 +17,10 @@ class Sampler {
   // the smallest set of most likely tokens whose probability reaches top_p (ties by id), renormalised,
   // and sampled with this request's generator. NaN logits are never chosen.
   int32_t sample(std::span<const float> logits);
+  // Random draws sample() makes: one per call when temperature > 0 (generate_canonical<double> over a
+  // 64-bit engine), none when greedy. skip_draws(n) puts a fresh sampler where one that made n is.
+  bool draws() const { return temperature_ > 0.0f; }
+  void skip_draws(uint64_t n) { rng_.discard(n); }
 
  private:
   float temperature_;

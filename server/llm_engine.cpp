@@ -93,6 +93,13 @@ SubmitResult LLMEngine::submit(std::vector<int32_t> prompt, engine::SamplingPara
   if (!(params.temperature >= 0.0f && std::isfinite(params.temperature))) return invalid(detail::concat("temperature ", params.temperature, " must be >= 0"));
   if (!(params.top_p > 0.0f && params.top_p <= 1.0f))
     return invalid(detail::concat("top_p ", params.top_p, " must be in (0, 1]"));
+  // A rank that can never step again (its worker process died) stops the whole server: with expert
+  // parallelism the other ranks cannot run a forward without it.
+  if (const std::string failed = failure(); !failed.empty()) {
+    result.status = SubmitResult::kOverloaded;
+    result.message = "server unavailable: " + failed;
+    return result;
+  }
   if (in_engine_.load() >= options_.max_queued_requests) {
     result.status = SubmitResult::kOverloaded;
     result.message = detail::concat("server overloaded: ", options_.max_queued_requests,
@@ -118,7 +125,6 @@ SubmitResult LLMEngine::submit(std::vector<int32_t> prompt, engine::SamplingPara
     const uint64_t seed = params.seed >= 0 ? uint64_t(params.seed)
                                            : options_.seed * 0x9E3779B97F4A7C15ull + (++seed_counter_);
     params.seed = int64_t(seed & 0x7FFFFFFFFFFFFFFFull);
-    seq->sampler.emplace(params);
     seq->params = std::move(params);
     request->seq = seq;
     result.id = seq->id;
@@ -220,13 +226,19 @@ void LLMEngine::finish(Request& request, FinishReason reason, GenerationUpdate u
   if (callback) callback(std::move(update));
 }
 
-void LLMEngine::process_step(int rank, const ScheduledStep& step, const engine::StepOutput& output,
+std::string LLMEngine::failure() const {
+  for (const auto& runner : runners_)
+    if (std::string failed = runner->failure(); !failed.empty()) return failed;
+  return {};
+}
+
+void LLMEngine::process_step(int rank, const ScheduledStep& step, const std::vector<int32_t>& sampled,
                              const std::string& error) {
   size_t wanted = 0;
   for (const auto& chunk : step.batch.chunks) wanted += chunk.want_logits;
   std::string failure = error;
-  if (failure.empty() && output.logits.size() != wanted)
-    failure = detail::concat("rank ", rank, " runner returned ", output.logits.size(), " logits rows, expected ", wanted);
+  if (failure.empty() && sampled.size() != wanted)
+    failure = detail::concat("rank ", rank, " runner returned ", sampled.size(), " sampled tokens, expected ", wanted);
   if (!failure.empty()) {
     std::fprintf(stderr, "megamoe: step failed on rank %d: %s\n", rank, failure.c_str());
     for (const auto& seq : step.sequences) {
@@ -243,18 +255,18 @@ void LLMEngine::process_step(int rank, const ScheduledStep& step, const engine::
   size_t row = 0;
   for (size_t i = 0; i < step.sequences.size(); ++i) {
     if (!step.batch.chunks[i].want_logits) continue;
-    const std::vector<float>& logits = output.logits[row++];
+    const int32_t token = sampled[row++];
     auto found = live_.find(step.sequences[i]->id);
     if (found == live_.end()) continue;
     Request& request = *found->second;
     Sequence& seq = *request.seq;
     GenerationUpdate update;
-    if (int(logits.size()) != vocab) {
-      update.error = detail::concat("logits row has ", logits.size(), " entries, expected vocab_size ", vocab);
+    if (token < 0 || token >= vocab) {
+      update.error = detail::concat("sampled token ", token, " must be in [0, vocab_size ", vocab, ")");
       finish(request, FinishReason::kError, std::move(update));
       continue;
     }
-    const int32_t token = seq.sampler->sample(logits);
+    if (seq.params.temperature > 0.0f) ++seq.sampler_draws;
     seq.tokens.push_back(token);
     update.new_tokens.push_back(token);
     if (metrics_) {
@@ -305,11 +317,17 @@ void LLMEngine::loop() {
       publish_stats();
       continue;
     }
-    std::vector<engine::StepOutput> outputs(ranks);
+    std::vector<std::vector<int32_t>> outputs(ranks);
     std::vector<std::string> errors(ranks);
     auto run_rank = [&](size_t r) {
       try {
-        outputs[r] = runners_[r]->step(steps[r].batch);
+        std::vector<engine::ChunkSampling> sampling;
+        for (size_t i = 0; i < steps[r].sequences.size(); ++i) {
+          if (!steps[r].batch.chunks[i].want_logits) continue;
+          const Sequence& seq = *steps[r].sequences[i];
+          sampling.push_back({seq.params.temperature, seq.params.top_p, seq.params.seed, seq.sampler_draws});
+        }
+        outputs[r] = runners_[r]->step_and_sample(steps[r].batch, sampling);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }

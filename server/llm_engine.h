@@ -76,13 +76,16 @@ class LLMEngine {
   int max_model_len() const { return max_model_len_; }
   int num_ranks() const { return int(runners_.size()); }
   EngineStats stats() const;
+  // Non-empty once some rank can never step again (its worker process died): then every new
+  // request is refused (503) and /health answers 503.
+  std::string failure() const;
 
  private:
   struct Request;
   void loop();
   void admit_new_requests();
   void apply_aborts();
-  void process_step(int rank, const ScheduledStep& step, const engine::StepOutput& output, const std::string& error);
+  void process_step(int rank, const ScheduledStep& step, const std::vector<int32_t>& sampled, const std::string& error);
   void finish(Request& request, FinishReason reason, GenerationUpdate update);
   void publish_stats();
 

@@ -125,7 +125,14 @@ void OpenAIServer::install_routes() {
     reply_error(res, 500, message);
   });
 
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) { res.status = 200; });
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const std::string failed = engine_.failure();
+    if (failed.empty()) {
+      res.status = 200;
+    } else {
+      reply_error(res, 503, "server unavailable: " + failed);
+    }
+  });
 
   http_->Get("/v1/models", [this, default_model](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
@@ -137,8 +144,13 @@ void OpenAIServer::install_routes() {
 
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const EngineStats s = engine_.stats();
-    res.set_content(metrics_.render(s.waiting, s.running, s.kv_blocks_free, s.kv_blocks_total),
-                    "text/plain; version=0.0.4");
+    std::string text = metrics_.render(s.waiting, s.running, s.kv_blocks_free, s.kv_blocks_total);
+    text += "# HELP megamoe_rank_requests_total Sequences ever assigned to each data-parallel rank.\n"
+            "# TYPE megamoe_rank_requests_total counter\n";
+    for (size_t r = 0; r < s.requests_per_rank.size(); ++r)
+      text += "megamoe_rank_requests_total{rank=\"" + std::to_string(r) + "\"} " +
+              std::to_string(s.requests_per_rank[r]) + "\n";
+    res.set_content(text, "text/plain; version=0.0.4");
   });
 
   http_->Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {

@@ -26,7 +26,9 @@ struct Sequence {
   int num_computed = 0;
   std::vector<int32_t> block_table;     // KV blocks covering positions [0, num_computed + chunk)
   engine::SamplingParams params;
-  std::optional<engine::Sampler> sampler;  // own random stream: seeded requests reproduce exactly
+  // Random draws this request's sampler has made (engine/sampler.h): with the seed fixed at submit,
+  // the runner that samples (in this process or a worker) reproduces its stream exactly.
+  int64_t sampler_draws = 0;
   int max_total_tokens = 0;             // min(prompt + max_tokens, max_model_len)
   int num_preemptions = 0;
   std::chrono::steady_clock::time_point arrival;
