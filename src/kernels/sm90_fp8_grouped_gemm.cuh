@@ -163,9 +163,51 @@ struct MathRows {
   }
 };
 
+// Issue token of MathSchedule::kOrderedIssue: the two math warpgroups issue their wgmma groups
+// strictly alternately (warpgroup 0 first), so each group reaches the tensor cores whole and behind
+// the other warpgroup's previous one instead of interleaved with it.
+// NOTES (named barriers kIssueTurnBarrier + w, w = 0, 1, 256 threads each):
+// - Barrier kIssueTurnBarrier + w is "warpgroup w may issue". take() = bar.sync on one's own barrier
+//   (128 threads); hand_over() = bar.arrive on the other's (the other 128). One generation per issue.
+// - start(): warpgroup 1 arrives once on warpgroup 0's barrier, so warpgroup 0 issues first.
+// - At most one arrival per barrier is ever pending: between two hand_over()s a warpgroup passes a
+//   take(), which completes only after the other warpgroup took (and consumed) the previous token.
+// - Both warpgroups issue the same number of groups (identical tile sequence, k_blocks and
+//   kSubTiles), so after the last group exactly one arrival (warpgroup 1's last hand_over) is left on
+//   barrier kIssueTurnBarrier + 0; finish() lets warpgroup 0 consume it, so the CTA exits with both
+//   barriers idle. Every other CTA-wide barrier (the SwiGLU exchange, id 1) is reached by each
+//   warpgroup after its own last issue of the tile, and take() never waits on anything but the other
+//   warpgroup's previous issue: no cycle, no deadlock (the full/empty mbarriers are waited before
+//   take(), and the producer only needs both warpgroups' empty arrivals of earlier stages).
+// - Ids 5 and 6: the standalone kernel uses 1 (exchange); the fused kernel (1-4) does not use this.
+constexpr uint32_t kIssueTurnBarrier = 5;
+struct IssueTurn {
+  int math_wg;
+  // Barrier ids stay immediates (a branch per call, uniform over the warpgroup): with an id in a
+  // register ptxas reserves all 16 hardware barriers. Order-only barriers: the token publishes no
+  // memory, it only orders the (asm volatile) wgmma issue of the two warpgroups.
+  static constexpr uint32_t kTurn0 = kIssueTurnBarrier, kTurn1 = kIssueTurnBarrier + 1;
+  __device__ __forceinline__ void start() const {
+    if (math_wg == 1) named_barrier_arrive_order_only<kTurn0, 256>();
+  }
+  __device__ __forceinline__ void take() const {
+    if (math_wg == 0) named_barrier_sync_order_only<kTurn0, 256>();
+    else named_barrier_sync_order_only<kTurn1, 256>();
+  }
+  __device__ __forceinline__ void hand_over() const {
+    if (math_wg == 0) named_barrier_arrive_order_only<kTurn1, 256>();
+    else named_barrier_arrive_order_only<kTurn0, 256>();
+  }
+  __device__ __forceinline__ void finish() const {
+    if (math_wg == 0) named_barrier_sync_order_only<kTurn0, 256>();
+  }
+};
+
 // Math warpgroup: the full K loop of one tile into `accumulator` (zeroed here). a_scales rows are
 // [rows, k_blocks] FP32; b_scales points at the tile's (expert, 128-column block) row of k_blocks.
-template <class Layout, bool kCoherentScales>
+// kSchedule = kOrderedIssue: every wgmma group is issued between take() and hand_over() of the
+// issue token (IssueTurn above; start()/finish() are the caller's, once per kernel).
+template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
 __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
@@ -173,6 +215,7 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                                   PipelineCursor<Layout::kStageCount>& cursor) {
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
+  const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
   const float* a_scales[kSubTilesM][2];
 #pragma unroll
   for (int s = 0; s < kSubTilesM; ++s)
@@ -217,12 +260,14 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                            (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
 #pragma unroll
       for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
       wgmma_fence();
 #pragma unroll
       for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
         wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
                               make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
       wgmma_commit();
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
@@ -379,7 +424,7 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
 }
 
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
-template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue>
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                  const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
@@ -406,8 +451,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int n_tiles = params.n / kBlockN;
   const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
 
+  // kOrderedIssue: the issue token's branches cost the 128 x 256 / 256 x 128 math warpgroups a few
+  // registers more than 232 (ptxas spilled 4-8 bytes); the producer thread fits in 24, so 24 + 2 x 240
+  // = 504 of the 512 per-thread-slot registers, as 40 + 2 x 232 does for kSerial.
+  constexpr uint32_t kProducerRegs = kSchedule == MathSchedule::kOrderedIssue ? 24 : kProducerRegisters;
+  constexpr uint32_t kMathRegs = kSchedule == MathSchedule::kOrderedIssue ? 240 : kMathRegisters;
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 512, "register file: 64 K per SM, 128-thread slots");
   if (warpgroup == 0) {
-    registers_decrease<kProducerRegisters>();
+    registers_decrease<kProducerRegs>();
     if (threadIdx.x != 0) return;
     PipelineCursor<kStages> cursor;
     int expert = 0;
@@ -418,7 +469,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     return;
   }
 
-  registers_increase<kMathRegisters>();
+  registers_increase<kMathRegs>();
   const int math_wg = warpgroup - 1;
   const int wg_m = kWarpgroupsM == 2 ? math_wg : 0;  // which row block of the tile
   const int wg_n = kWarpgroupsM == 2 ? 0 : math_wg;  // which 128-column half of the tile
@@ -430,13 +481,15 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   int expert = 0;
   float accumulator[kSubTilesM][64];
   float partial[64];
+  const IssueTurn turn{math_wg};
+  if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.start();
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
     const int n_block = (t.n_tile * kBlockN) / 128 + wg_n;
     const float* b_scales = params.b_scales + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
-    fp8_tile_mainloop<Layout, false>(accumulator, partial, smem, where, params.a_scales, b_scales, k_blocks, wg_m,
-                                     wg_n, cursor);
+    fp8_tile_mainloop<Layout, false, kSchedule>(accumulator, partial, smem, where, params.a_scales, b_scales,
+                                                k_blocks, wg_m, wg_n, cursor);
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
       auto* out = static_cast<__nv_bfloat16*>(params.out);
       store_bf16_epilogue(accumulator, where, t.n_tile * kBlockN + wg_n * 128 + 2 * (lane % 4),
@@ -447,6 +500,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                                params.out_scales, params.activation, params.limit, params.alpha);
     }
   }
+  if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.finish();
 }
 
 }  // namespace megamoe::kernels::sm90

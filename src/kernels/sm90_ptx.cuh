@@ -55,6 +55,18 @@ __device__ __forceinline__ void registers_increase() {
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Execution-order-only variants (no "memory" clobber): for hand-offs that order instructions (e.g.
+// wgmma issue, itself asm volatile and therefore never moved across these) but publish no memory, so
+// the compiler may still schedule ordinary loads across them. bar.arrive does not wait: it is the
+// producer half of a hand-off whose consumer half is the sync on the same id.
+template <uint32_t kId, uint32_t kThreads>
+__device__ __forceinline__ void named_barrier_sync_order_only() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads));
+}
+template <uint32_t kId, uint32_t kThreads>
+__device__ __forceinline__ void named_barrier_arrive_order_only() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads));
+}
 
 // ---- wgmma -----------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor for a K-major tile written by TMA with 128-byte swizzle: rows of
