@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_skip.h"
@@ -103,9 +105,19 @@ std::string describe(const Problem& p, uint64_t seed) {
   return text;
 }
 
-void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact) {
+using kernels::Fp8GemmSchedule;
+
+const char* schedule_name(Fp8GemmSchedule schedule) {
+  return schedule == Fp8GemmSchedule::kPingPong ? "pingpong" : schedule == Fp8GemmSchedule::kSerial ? "serial" : "auto";
+}
+
+// schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
+// bit-identical results: the schedules only reorder wgmma issue between the two math warpgroups, never
+// the operations of one output element.
+void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact,
+               Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto) {
   const Problem p = make_problem(counts, n, k, seed, exact);
-  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) + " schedule " + schedule_name(schedule));
   DeviceBuffer a(p.a), a_scales(p.a_scales), w(p.w), w_scales(p.w_scales), offsets(p.offsets);
   DeviceBuffer out(p.capacity * n * sizeof(uint16_t));
   poison_device_buffer(out.data, out.bytes);
@@ -121,9 +133,16 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
   args.n = n;
   args.k = k;
   args.rows_per_expert_hint = rows_hint;
-  kernels::grouped_gemm_fp8_bf16out(args, nullptr);
-  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto result = out.download<uint16_t>();
+  const auto run_once = [&](Fp8GemmSchedule which) {
+    poison_device_buffer(out.data, out.bytes);
+    args.schedule = which;
+    kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    return out.download<uint16_t>();
+  };
+  const auto result = run_once(schedule);
+  if (schedule == Fp8GemmSchedule::kPingPong)
+    EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial) == result) << "pingpong and serial outputs differ";
 
   double error_sq = 0, ref_sq = 0;
   int64_t bad = 0, mismatched_bits = 0;
@@ -203,11 +222,12 @@ double e4m3_ulp(double magnitude) {
 }
 
 void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed, const Activation& act,
-               bool use_topk, bool exact_inputs = false, int rows_hint = 0) {
+               bool use_topk, bool exact_inputs = false, int rows_hint = 0,
+               Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto) {
   Problem p = make_problem(counts, 2 * intermediate, hidden, seed, exact_inputs);
   if (act.kind == Activation::Kind::kSwigluClamped)  // make the clamp bite: scale activations up
     for (auto& s : p.a_scales) s *= 6.0f;
-  SCOPED_TRACE(describe(p, seed));
+  SCOPED_TRACE(describe(p, seed) + " schedule " + schedule_name(schedule));
   std::vector<float> topk(p.capacity);
   std::mt19937_64 rng(seed + 1);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
@@ -245,10 +265,21 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
   args.intermediate = intermediate;
   args.activation = act;
   args.rows_per_expert_hint = rows_hint;
-  kernels::grouped_gemm1_fp8(args, nullptr);
-  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto q = out.download<uint8_t>();
-  const auto scales = out_scales.download<float>();
+  const auto run_once = [&](Fp8GemmSchedule which) {
+    poison_device_buffer(out.data, out.bytes);
+    poison_device_buffer(out_scales.data, out_scales.bytes);
+    args.schedule = which;
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    return std::make_pair(out.download<uint8_t>(), out_scales.download<float>());
+  };
+  const auto [q, scales] = run_once(schedule);
+  if (schedule == Fp8GemmSchedule::kPingPong) {
+    const auto serial = run_once(Fp8GemmSchedule::kSerial);
+    EXPECT_TRUE(serial.first == q) << "pingpong and serial codes differ";
+    EXPECT_EQ(std::memcmp(serial.second.data(), scales.data(), scales.size() * sizeof(float)), 0)
+        << "pingpong and serial scales differ";
+  }
 
   const int groups = intermediate / 128;
   double error_sq = 0, ref_sq = 0;
@@ -349,6 +380,33 @@ TEST(GroupedGemmFp8, Gemm1SwigluClampedNoTopk) {
 TEST(GroupedGemmFp8, Gemm1DeepHidden) {
   MEGAMOE_REQUIRE_GPUS(1);
   run_gemm1({33, 0, 80}, 7168, 256, 23, Activation{}, true);
+}
+
+// v5 schedule (docs/grouped_gemm.md): every tile config under kPingPong, against the references
+// above and bit-identical to kSerial on the same inputs.
+TEST(GroupedGemmFp8, PingPongPlainAllTiles) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const Fp8GemmSchedule pp = Fp8GemmSchedule::kPingPong;
+  run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, 4234, 0, false, pp);    // 256 x 128 tiles
+  run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, 4235, 200, false, pp);  // 128 x 128 tiles
+  run_plain({8, 0, 1, 17, 64, 33}, 512, 384, 4099, 16, false, pp);           //  64 x 256 tiles
+  run_plain({100, 0, 129}, 256, 7168, 4007, 0, false, pp);                   // deep K, 256 x 128
+  run_plain({3, 0, 128, 77}, 256, 1024, 4005, 0, true, pp);                  // bit-exact vs fp64
+  run_plain({3, 0, 128, 77}, 256, 1024, 4006, 8, true, pp);
+}
+
+TEST(GroupedGemmFp8, PingPongGemm1AllTiles) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const Fp8GemmSchedule pp = Fp8GemmSchedule::kPingPong;
+  run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, 4021, Activation{}, true, false, 0, pp);   // 128 x 256
+  run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, 4024, Activation{}, true, false, 16, pp);  //  64 x 256
+  run_gemm1({0, 1, 70, 63, 130}, 512, 256, 4031, Activation{}, true, true, 0, pp);        // exact inputs
+  run_gemm1({33, 0, 80}, 7168, 256, 4023, Activation{}, true, false, 0, pp);              // deep hidden
+  Activation act;
+  act.kind = Activation::Kind::kSwigluClamped;
+  act.limit = 7.0f;
+  act.alpha = 1.702f;
+  run_gemm1({5, 0, 129, 1}, 384, 384, 4022, act, false, false, 0, pp);
 }
 
 TEST(GroupedGemmFp8, RejectsBadShapes) {
