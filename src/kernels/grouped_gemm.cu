@@ -79,6 +79,8 @@ void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& p
             cudaStream_t stream) {
   if (schedule == sm90::MathSchedule::kOrderedIssue)
     launch<kTile, kEpilogue, sm90::MathSchedule::kOrderedIssue>(a, weights, params, stream);
+  else if (schedule == sm90::MathSchedule::kHalfOverlap)
+    launch<kTile, kEpilogue, sm90::MathSchedule::kHalfOverlap>(a, weights, params, stream);
   else
     launch<kTile, kEpilogue, sm90::MathSchedule::kSerial>(a, weights, params, stream);
 }
@@ -87,15 +89,17 @@ void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& p
 sm90::MathSchedule resolve_schedule(Fp8GemmSchedule requested, int rows_hint) {
   if (requested == Fp8GemmSchedule::kSerial) return sm90::MathSchedule::kSerial;
   if (requested == Fp8GemmSchedule::kPingPong) return sm90::MathSchedule::kOrderedIssue;
+  if (requested == Fp8GemmSchedule::kOverlap) return sm90::MathSchedule::kHalfOverlap;
   MEGAMOE_CHECK(requested == Fp8GemmSchedule::kAuto, "schedule = ", static_cast<int>(requested),
-                " must be kAuto, kSerial or kPingPong");
+                " must be kAuto, kSerial, kPingPong or kOverlap");
   static const Fp8GemmSchedule from_env = [] {
     const char* value = std::getenv("MEGAMOE_FP8_GEMM_SCHEDULE");
     const std::string text = value ? value : "";
     if (text.empty() || text == "auto") return Fp8GemmSchedule::kAuto;
     if (text == "serial") return Fp8GemmSchedule::kSerial;
     if (text == "pingpong") return Fp8GemmSchedule::kPingPong;
-    MEGAMOE_FAIL("MEGAMOE_FP8_GEMM_SCHEDULE = '", text, "' must be auto, serial or pingpong");
+    if (text == "overlap") return Fp8GemmSchedule::kOverlap;
+    MEGAMOE_FAIL("MEGAMOE_FP8_GEMM_SCHEDULE = '", text, "' must be auto, serial, pingpong or overlap");
   }();
   if (from_env != Fp8GemmSchedule::kAuto) return resolve_schedule(from_env, rows_hint);
   return sm90::choose_math_schedule(rows_hint);

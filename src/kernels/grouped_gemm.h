@@ -78,10 +78,11 @@ void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole rol
 
 // How the FP8-block kernels' two math warpgroups share the tensor cores (docs/grouped_gemm.md, v5).
 // kAuto: the heuristic (sm90_gemm_heuristics.h), unless the environment variable
-// MEGAMOE_FP8_GEMM_SCHEDULE is "serial" or "pingpong". kSerial: v4 (both warpgroups issue at once).
-// kPingPong: v5, the warpgroups take turns issuing so one promotes while the other multiplies.
-// Results are bit-identical between schedules (same operations in the same order per element).
-enum class Fp8GemmSchedule : uint8_t { kAuto, kSerial, kPingPong };
+// MEGAMOE_FP8_GEMM_SCHEDULE is "serial", "pingpong" or "overlap". kSerial: v4 (both warpgroups issue
+// at once). kPingPong: v5, the warpgroups take turns issuing so one promotes while the other
+// multiplies; bit-identical to kSerial. kOverlap: v5, each warpgroup issues its next (64 x 64) wgmma
+// group before promoting the previous one; same numerics contract (per-128-K promotion, same order).
+enum class Fp8GemmSchedule : uint8_t { kAuto, kSerial, kPingPong, kOverlap };
 
 // GEMM 1 (gate+up, activation, optional top-k weight, requant) on FP8-block weights.
 struct GroupedGemm1Fp8Args {

@@ -203,6 +203,114 @@ struct IssueTurn {
   }
 };
 
+// MathSchedule::kHalfOverlap: the K loop of one tile with the promotion of each wgmma group
+// overlapped with the next group's MMA inside one warpgroup. The 64 x 128 product of a sub-tile is
+// split into two 64 x 64 column halves (wgmma m64n64k32), each a "group" with its own 32-register
+// partial, so two partials cost the registers of today's one (128 + 2 x 32 at 128-row warpgroup
+// tiles; two 64-register partials would need 256).
+// NOTES (groups g = 0 .. 2 kSubTilesM - 1 of one k-block: sub-tile g / 2, column half g % 2, written
+// into partial[g % 2]):
+// - Step g >= 1: fence partial[g % 2]; issue g; commit; wgmma.wait_group 1 (every group but g is
+//   complete); promote g - 1 from partial[(g - 1) % 2]. partial[g % 2] was last written by g - 2, which
+//   step g - 1 waited for and promoted before g is issued. The in-flight partial is never touched by
+//   non-wgmma code, so ptxas keeps the wgmma pipelined (no C7514; checked for every instantiation).
+// - The k-block drains: wait_group 0, release its stage (all its wgmma reads of shared memory are
+//   done), promote the last group. So nothing is in flight across the k-loop's back edge: carrying the
+//   last group into the next k-block (to overlap that promotion too) made ptxas serialize every wgmma
+//   (C7514 "non wgmma instructions reading accumulator registers", from the loop-carried partial).
+//   1 of 2 kSubTilesM promotions per k-block stays exposed; the other math warpgroup's MMAs cover it.
+// - Per element the promotion order over k-blocks is unchanged; the 128-K FP8 product of a half comes
+//   from an m64n64 instead of an m64n128 wgmma (same K steps; not asserted bit-identical to kSerial).
+// - Cost: an m64n64k32 reads 4 KiB of shared operands per 32 tensor-core cycles (A 2 KiB + B 2 KiB),
+//   the SM's full 128 B/cycle, vs 6 KiB per 64 cycles (96 B/cycle) for m64n128k32.
+template <class Layout, bool kCoherentScales>
+__device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulator)[Layout::kSubTiles][64],
+                                                               const Fp8GemmShared<Layout>& smem,
+                                                               const MathRows<Layout::kSubTiles>& where,
+                                                               const float* a_scales_base, const float* b_scales,
+                                                               int k_blocks, int wg_m, int wg_n,
+                                                               PipelineCursor<Layout::kStageCount>& cursor) {
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  constexpr int kGroups = 2 * kSubTilesM;  // per k-block
+  const int lane = threadIdx.x % 32;
+  const float* a_scales[kSubTilesM][2];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      a_scales[s][h] = a_scales_base + static_cast<int64_t>(where.valid[s][h] ? where.rows[s][h] : 0) * k_blocks;
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
+
+  float partial[2][32];
+  float scale_a[kSubTilesM][2], next_scale_a[kSubTilesM][2];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h]) : 0.0f;
+      scale_a[s][h] = 0.0f;
+    }
+  float scale_b = 0.0f, next_scale_b = __ldg(b_scales);
+
+  // acc[s][32 half + i] += partial[half][i] * a_scale(row of i) * b_scale
+  const auto promote = [&](int s, int half) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(partial[half][i]);
+    const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      accumulator[s][32 * half + 4 * j + 0] += partial[half][4 * j + 0] * scale0;
+      accumulator[s][32 * half + 4 * j + 1] += partial[half][4 * j + 1] * scale0;
+      accumulator[s][32 * half + 4 * j + 2] += partial[half][4 * j + 2] * scale1;
+      accumulator[s][32 * half + 4 * j + 3] += partial[half][4 * j + 3] * scale1;
+    }
+  };
+  const auto issue = [&](int stage, int s, int half) {
+    const uint32_t a_base = smem_address(smem.a_tiles + stage * Layout::kABytes +
+                                         (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
+    const uint32_t b_base = smem_address(smem.b_tiles + stage * Layout::kBBytes + (wg_n * 128 + 64 * half) * kBlockK);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(partial[half][i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+      wgmma_m64n64k32_e4m3(partial[half], make_kmajor_sw128_descriptor(a_base + k_step * 32),
+                           make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+    wgmma_commit();
+  };
+
+  for (int kb = 0; kb < k_blocks; ++kb) {
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
+    scale_b = next_scale_b;
+    if (kb + 1 < k_blocks) {
+#pragma unroll
+      for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h] + kb + 1) : 0.0f;
+      next_scale_b = __ldg(b_scales + kb + 1);
+    }
+    barrier_wait(&smem.full[cursor.stage], cursor.phase);
+    issue(cursor.stage, 0, 0);
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) {
+      issue(cursor.stage, g / 2, g % 2);
+      wgmma_wait<1>();
+      promote((g - 1) / 2, (g - 1) % 2);
+    }
+    wgmma_wait<0>();
+    if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+    cursor.advance();
+    promote(kSubTilesM - 1, 1);
+  }
+}
+
 // Math warpgroup: the full K loop of one tile into `accumulator` (zeroed here). a_scales rows are
 // [rows, k_blocks] FP32; b_scales points at the tile's (expert, 128-column block) row of k_blocks.
 // kSchedule = kOrderedIssue: every wgmma group is issued between take() and hand_over() of the
@@ -213,6 +321,11 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
                                                   const float* b_scales, int k_blocks, int wg_m, int wg_n,
                                                   PipelineCursor<Layout::kStageCount>& cursor) {
+  if constexpr (kSchedule == MathSchedule::kHalfOverlap) {
+    fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
+                                                            k_blocks, wg_m, wg_n, cursor);
+    return;
+  }
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
   const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
@@ -451,11 +564,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int n_tiles = params.n / kBlockN;
   const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
 
-  // kOrderedIssue: the issue token's branches cost the 128 x 256 / 256 x 128 math warpgroups a few
+  // kOrderedIssue / kHalfOverlap: the issue token's branches (or the overlap's bookkeeping) cost the 128 x 256 / 256 x 128 math warpgroups a few
   // registers more than 232 (ptxas spilled 4-8 bytes); the producer thread fits in 24, so 24 + 2 x 240
   // = 504 of the 512 per-thread-slot registers, as 40 + 2 x 232 does for kSerial.
-  constexpr uint32_t kProducerRegs = kSchedule == MathSchedule::kOrderedIssue ? 24 : kProducerRegisters;
-  constexpr uint32_t kMathRegs = kSchedule == MathSchedule::kOrderedIssue ? 240 : kMathRegisters;
+  constexpr uint32_t kProducerRegs = kSchedule != MathSchedule::kSerial ? 24 : kProducerRegisters;
+  constexpr uint32_t kMathRegs = kSchedule != MathSchedule::kSerial ? 240 : kMathRegisters;
   static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 512, "register file: 64 K per SM, 128-thread slots");
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();

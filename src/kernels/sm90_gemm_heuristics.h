@@ -70,8 +70,12 @@ inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts,
 //   kOrderedIssue: v5 ("pingpong"). The warpgroups take turns issuing (two named barriers pass an
 //                  issue token), so the tensor cores run one warpgroup's group while the other
 //                  promotes its previous one. Same registers and shared memory as kSerial.
+//   kHalfOverlap:  v5 ("overlap"). Inside each warpgroup the next wgmma group is issued before the
+//                  previous one is promoted (wgmma.wait_group 1), with groups of 64 x 64 (two
+//                  32-register partials: the registers of one 64 x 128 partial). Costs a wgmma with half
+//                  the N (more shared-memory operand traffic per FLOP), hides the promotion.
 // The fused MegaMoE kernel keeps kSerial (it shares the device pieces; the template default).
-enum class MathSchedule : int { kSerial = 0, kOrderedIssue = 1 };
+enum class MathSchedule : int { kSerial = 0, kOrderedIssue = 1, kHalfOverlap = 2 };
 
 // Unmeasured (written without device access): the default stays kSerial until a same-run A/B
 // (scripts/gpu_gemm_pingpong.sh) shows kOrderedIssue faster; the env MEGAMOE_FP8_GEMM_SCHEDULE and the

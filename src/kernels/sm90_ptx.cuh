@@ -112,6 +112,24 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t a
       : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate));
 }
 
+// D[64x64] (+)= A[64x32] * B[64x32]^T, E4M3 x E4M3 -> FP32 (32 registers: the first or second half of
+// the m64n128 fragment's columns, register i here = register i + 32 * half there).
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor,
+                                                     uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate));
+}
+
 // D[64x128] (+)= A[64x16] * B[128x16]^T, BF16 x BF16 -> FP32, both operands K-major in shared memory
 // (imm-trans-a = imm-trans-b = 0). `accumulate` = 0 overwrites D, 1 adds.
 __device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t a_descriptor,
