@@ -19,8 +19,8 @@ struct GemmBenchOptions {
   int rows_hint = 0;            // tile-choice hint passed to the kernels (0 = the actual rows per expert)
   bool skip_cublas = false;     // skip the cuBLAS denominators (A/B runs of one kernel knob)
   // FP8-block math-warpgroup schedule (docs/grouped_gemm.md, v5): "auto" (heuristic / env), "serial"
-  // (v4), "pingpong" (v5), or "both": serial and pingpong timed back to back per point (A/B in one run;
-  // the main columns are serial, the pp_* columns pingpong).
+  // (v4), "pingpong", "overlap" (v5), or "all": serial, then pingpong and overlap timed right after it
+  // per point (A/B in one run; the main columns are serial).
   std::string variant = "auto";
 };
 

@@ -108,7 +108,12 @@ std::string describe(const Problem& p, uint64_t seed) {
 using kernels::Fp8GemmSchedule;
 
 const char* schedule_name(Fp8GemmSchedule schedule) {
-  return schedule == Fp8GemmSchedule::kPingPong ? "pingpong" : schedule == Fp8GemmSchedule::kSerial ? "serial" : "auto";
+  switch (schedule) {
+    case Fp8GemmSchedule::kSerial: return "serial";
+    case Fp8GemmSchedule::kPingPong: return "pingpong";
+    case Fp8GemmSchedule::kOverlap: return "overlap";
+    default: return "auto";
+  }
 }
 
 // schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
@@ -382,31 +387,38 @@ TEST(GroupedGemmFp8, Gemm1DeepHidden) {
   run_gemm1({33, 0, 80}, 7168, 256, 23, Activation{}, true);
 }
 
-// v5 schedule (docs/grouped_gemm.md): every tile config under kPingPong, against the references
-// above and bit-identical to kSerial on the same inputs.
-TEST(GroupedGemmFp8, PingPongPlainAllTiles) {
+// v5 schedules (docs/grouped_gemm.md): every tile config under kPingPong and kOverlap against the
+// references above (bit-exact for exactly representable inputs); kPingPong also bit-identical to
+// kSerial on the same inputs (run_plain / run_gemm1 check that).
+TEST(GroupedGemmFp8, ScheduleVariantsPlainAllTiles) {
   MEGAMOE_REQUIRE_GPUS(1);
-  const Fp8GemmSchedule pp = Fp8GemmSchedule::kPingPong;
-  run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, 4234, 0, false, pp);    // 256 x 128 tiles
-  run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, 4235, 200, false, pp);  // 128 x 128 tiles
-  run_plain({8, 0, 1, 17, 64, 33}, 512, 384, 4099, 16, false, pp);           //  64 x 256 tiles
-  run_plain({100, 0, 129}, 256, 7168, 4007, 0, false, pp);                   // deep K, 256 x 128
-  run_plain({3, 0, 128, 77}, 256, 1024, 4005, 0, true, pp);                  // bit-exact vs fp64
-  run_plain({3, 0, 128, 77}, 256, 1024, 4006, 8, true, pp);
+  for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap}) {
+    const uint64_t seed = schedule == Fp8GemmSchedule::kPingPong ? 4000 : 5000;
+    run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, seed + 1, 0, false, schedule);    // 256 x 128 tiles
+    run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, seed + 2, 200, false, schedule);  // 128 x 128 tiles
+    run_plain({8, 0, 1, 17, 64, 33}, 512, 384, seed + 3, 16, false, schedule);           //  64 x 256 tiles
+    run_plain({100, 0, 129}, 256, 7168, seed + 4, 0, false, schedule);                   // deep K
+    run_plain({3, 0, 128, 77}, 256, 1024, seed + 5, 0, true, schedule);                  // bit-exact vs fp64
+    run_plain({3, 0, 128, 77}, 256, 1024, seed + 6, 8, true, schedule);
+    run_plain({3, 0, 128, 77}, 256, 1024, seed + 7, 128, true, schedule);
+  }
 }
 
-TEST(GroupedGemmFp8, PingPongGemm1AllTiles) {
+TEST(GroupedGemmFp8, ScheduleVariantsGemm1AllTiles) {
   MEGAMOE_REQUIRE_GPUS(1);
-  const Fp8GemmSchedule pp = Fp8GemmSchedule::kPingPong;
-  run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, 4021, Activation{}, true, false, 0, pp);   // 128 x 256
-  run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, 4024, Activation{}, true, false, 16, pp);  //  64 x 256
-  run_gemm1({0, 1, 70, 63, 130}, 512, 256, 4031, Activation{}, true, true, 0, pp);        // exact inputs
-  run_gemm1({33, 0, 80}, 7168, 256, 4023, Activation{}, true, false, 0, pp);              // deep hidden
-  Activation act;
-  act.kind = Activation::Kind::kSwigluClamped;
-  act.limit = 7.0f;
-  act.alpha = 1.702f;
-  run_gemm1({5, 0, 129, 1}, 384, 384, 4022, act, false, false, 0, pp);
+  Activation clamped;
+  clamped.kind = Activation::Kind::kSwigluClamped;
+  clamped.limit = 7.0f;
+  clamped.alpha = 1.702f;
+  for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap}) {
+    const uint64_t seed = schedule == Fp8GemmSchedule::kPingPong ? 4100 : 5100;
+    run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, seed + 1, Activation{}, true, false, 0, schedule);   // 128 x 256
+    run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, seed + 2, Activation{}, true, false, 16, schedule);  //  64 x 256
+    run_gemm1({0, 1, 70, 63, 130}, 512, 256, seed + 3, Activation{}, true, true, 0, schedule);        // exact
+    run_gemm1({0, 1, 70, 63, 130}, 512, 256, seed + 4, Activation{}, true, true, 8, schedule);
+    run_gemm1({33, 0, 80}, 7168, 256, seed + 5, Activation{}, true, false, 0, schedule);              // deep hidden
+    run_gemm1({5, 0, 129, 1}, 384, 384, seed + 6, clamped, false, false, 0, schedule);
+  }
 }
 
 TEST(GroupedGemmFp8, RejectsBadShapes) {
