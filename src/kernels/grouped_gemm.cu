@@ -85,14 +85,15 @@ void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& p
     launch<kTile, kEpilogue, sm90::MathSchedule::kSerial>(a, weights, params, stream);
 }
 
-// kAuto: MEGAMOE_FP8_GEMM_SCHEDULE (read once) if set, else the heuristic.
+// kAuto: MEGAMOE_FP8_GEMM_SCHEDULE if set (read per call: a getenv is small next to a launch, and a
+// process can switch), else the heuristic.
 sm90::MathSchedule resolve_schedule(Fp8GemmSchedule requested, int rows_hint) {
   if (requested == Fp8GemmSchedule::kSerial) return sm90::MathSchedule::kSerial;
   if (requested == Fp8GemmSchedule::kPingPong) return sm90::MathSchedule::kOrderedIssue;
   if (requested == Fp8GemmSchedule::kOverlap) return sm90::MathSchedule::kHalfOverlap;
   MEGAMOE_CHECK(requested == Fp8GemmSchedule::kAuto, "schedule = ", static_cast<int>(requested),
                 " must be kAuto, kSerial, kPingPong or kOverlap");
-  static const Fp8GemmSchedule from_env = [] {
+  const Fp8GemmSchedule from_env = [] {
     const char* value = std::getenv("MEGAMOE_FP8_GEMM_SCHEDULE");
     const std::string text = value ? value : "";
     if (text.empty() || text == "auto") return Fp8GemmSchedule::kAuto;

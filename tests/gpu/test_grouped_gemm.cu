@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -419,6 +420,36 @@ TEST(GroupedGemmFp8, ScheduleVariantsGemm1AllTiles) {
     run_gemm1({33, 0, 80}, 7168, 256, seed + 5, Activation{}, true, false, 0, schedule);              // deep hidden
     run_gemm1({5, 0, 129, 1}, 384, 384, seed + 6, clamped, false, false, 0, schedule);
   }
+}
+
+// Runs without a GPU: the schedule is resolved (and rejected) before any CUDA call.
+TEST(GroupedGemmFp8, RejectsBadSchedule) {
+  alignas(16) static uint8_t fake[64];
+  kernels::GroupedGemmFp8Args args;
+  args.a = args.weights = fake;
+  args.a_scales = args.weight_scales = reinterpret_cast<const float*>(fake);
+  args.expert_offsets = reinterpret_cast<const int32_t*>(fake);
+  args.out = reinterpret_cast<uint16_t*>(fake);
+  args.m_capacity = 16;
+  args.num_experts = 1;
+  args.n = args.k = 128;
+  args.schedule = static_cast<Fp8GemmSchedule>(9);
+  try {
+    kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+    FAIL() << "schedule 9 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("schedule = 9"), std::string::npos) << error.what();
+  }
+  args.schedule = Fp8GemmSchedule::kAuto;
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM_SCHEDULE", "fastest", 1), 0);
+  try {
+    kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+    ADD_FAILURE() << "MEGAMOE_FP8_GEMM_SCHEDULE=fastest accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGAMOE_FP8_GEMM_SCHEDULE = 'fastest'"), std::string::npos)
+        << error.what();
+  }
+  unsetenv("MEGAMOE_FP8_GEMM_SCHEDULE");
 }
 
 TEST(GroupedGemmFp8, RejectsBadShapes) {
