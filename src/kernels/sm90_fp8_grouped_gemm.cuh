@@ -564,11 +564,13 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int n_tiles = params.n / kBlockN;
   const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
 
-  // kOrderedIssue / kHalfOverlap: at 232 registers the pingpong 128 x 256 / 256 x 128 math warpgroups
-  // spilled 4-8 bytes (the token's branches); the producer thread fits in 24, so 24 + 2 x 240 = 504 of
-  // the 512 per-thread-slot registers, as 40 + 2 x 232 does for kSerial (kept as v4 for the A/B).
-  constexpr uint32_t kProducerRegs = kSchedule != MathSchedule::kSerial ? 24 : kProducerRegisters;
-  constexpr uint32_t kMathRegs = kSchedule != MathSchedule::kSerial ? 240 : kMathRegisters;
+  // Register split 24 (producer) / 240 (math) = 504 of the 512 per-thread-slot registers (v4: 40 / 232):
+  // at 232 the 128 x 256 SwiGLU kernel spilled 4 bytes (v4) and the pingpong 128 x 256 / 256 x 128 ones
+  // 4-8 bytes (the token's branches); at 240 ptxas reports no spill for any instantiation, and the
+  // producer thread (tile walk + TMA issue) fits in 24. The fused kernel keeps kProducerRegisters /
+  // kMathRegisters.
+  constexpr uint32_t kProducerRegs = 24;
+  constexpr uint32_t kMathRegs = 240;
   static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 512, "register file: 64 K per SM, 128-thread slots");
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
