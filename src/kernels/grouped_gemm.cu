@@ -2,6 +2,9 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "kernels/grouped_gemm.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
@@ -56,7 +59,7 @@ int multiprocessor_count() {
   return count;
 }
 
-template <sm90::TileConfig kTile, Epilogue kEpilogue>
+template <sm90::TileConfig kTile, Epilogue kEpilogue, sm90::MathSchedule kSchedule>
 void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& params, cudaStream_t stream) {
   using Layout = sm90::GroupedGemmLayout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
   const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
@@ -64,10 +67,43 @@ void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& p
       make_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   auto* kernel =
-      &sm90::sm90_fp8_grouped_gemm_kernel<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
+      &sm90::sm90_fp8_grouped_gemm_kernel<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue, kSchedule>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   kernel<<<multiprocessor_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
   MEGAMOE_LAUNCH_CHECK();
+}
+
+// One instantiation per schedule, so both run side by side in one binary (bench --variant both).
+template <sm90::TileConfig kTile, Epilogue kEpilogue>
+void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& params, sm90::MathSchedule schedule,
+            cudaStream_t stream) {
+  if (schedule == sm90::MathSchedule::kOrderedIssue)
+    launch<kTile, kEpilogue, sm90::MathSchedule::kOrderedIssue>(a, weights, params, stream);
+  else if (schedule == sm90::MathSchedule::kHalfOverlap)
+    launch<kTile, kEpilogue, sm90::MathSchedule::kHalfOverlap>(a, weights, params, stream);
+  else
+    launch<kTile, kEpilogue, sm90::MathSchedule::kSerial>(a, weights, params, stream);
+}
+
+// kAuto: MEGAMOE_FP8_GEMM_SCHEDULE if set (read per call: a getenv is small next to a launch, and a
+// process can switch), else the heuristic.
+sm90::MathSchedule resolve_schedule(Fp8GemmSchedule requested, int rows_hint) {
+  if (requested == Fp8GemmSchedule::kSerial) return sm90::MathSchedule::kSerial;
+  if (requested == Fp8GemmSchedule::kPingPong) return sm90::MathSchedule::kOrderedIssue;
+  if (requested == Fp8GemmSchedule::kOverlap) return sm90::MathSchedule::kHalfOverlap;
+  MEGAMOE_CHECK(requested == Fp8GemmSchedule::kAuto, "schedule = ", static_cast<int>(requested),
+                " must be kAuto, kSerial, kPingPong or kOverlap");
+  const Fp8GemmSchedule from_env = [] {
+    const char* value = std::getenv("MEGAMOE_FP8_GEMM_SCHEDULE");
+    const std::string text = value ? value : "";
+    if (text.empty() || text == "auto") return Fp8GemmSchedule::kAuto;
+    if (text == "serial") return Fp8GemmSchedule::kSerial;
+    if (text == "pingpong") return Fp8GemmSchedule::kPingPong;
+    if (text == "overlap") return Fp8GemmSchedule::kOverlap;
+    MEGAMOE_FAIL("MEGAMOE_FP8_GEMM_SCHEDULE = '", text, "' must be auto, serial, pingpong or overlap");
+  }();
+  if (from_env != Fp8GemmSchedule::kAuto) return resolve_schedule(from_env, rows_hint);
+  return sm90::choose_math_schedule(rows_hint);
 }
 
 void check_aligned(const void* pointer, const char* field) {
@@ -88,7 +124,7 @@ void check_common(int64_t m_capacity, int num_experts, int n, int k, const char*
 
 void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
                   const int32_t* offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
-                  int rows_hint, cudaStream_t stream) {
+                  int rows_hint, Fp8GemmSchedule requested, cudaStream_t stream) {
   GroupedGemmParams params;
   params.a_scales = a_scales;
   params.b_scales = weight_scales;
@@ -99,12 +135,13 @@ void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weight
   params.n = n;
   params.k = k;
   const sm90::TileConfig tile = sm90::choose_plain_tile(rows_hint);
+  const sm90::MathSchedule schedule = resolve_schedule(requested, rows_hint);
   if (tile.warpgroups_m == 1 && n % 256 == 0)
-    launch<sm90::kSplitNSmall, Epilogue::kStoreBf16>(a, weights, params, stream);
+    launch<sm90::kSplitNSmall, Epilogue::kStoreBf16>(a, weights, params, schedule, stream);
   else if (tile.sub_tiles_m == 1)
-    launch<sm90::kSplitMSmall, Epilogue::kStoreBf16>(a, weights, params, stream);
+    launch<sm90::kSplitMSmall, Epilogue::kStoreBf16>(a, weights, params, schedule, stream);
   else
-    launch<sm90::kSplitMLarge, Epilogue::kStoreBf16>(a, weights, params, stream);
+    launch<sm90::kSplitMLarge, Epilogue::kStoreBf16>(a, weights, params, schedule, stream);
 }
 
 }  // namespace
@@ -118,7 +155,7 @@ void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t strea
   check_aligned(args.expert_offsets, "expert_offsets");
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
-               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, stream);
+               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, args.schedule, stream);
 }
 
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
@@ -131,7 +168,7 @@ void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
                args.m_capacity, args.num_experts, args.hidden, args.intermediate, args.rows_per_expert_hint,
-               stream);
+               args.schedule, stream);
 }
 
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
@@ -163,10 +200,11 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   params.alpha = args.activation.alpha;
   const sm90::TileConfig tile =
       sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n, multiprocessor_count());
+  const sm90::MathSchedule schedule = resolve_schedule(args.schedule, args.rows_per_expert_hint);
   if (tile.sub_tiles_m == 1)
-    launch<sm90::kSplitNSmall, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
+    launch<sm90::kSplitNSmall, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, schedule, stream);
   else
-    launch<sm90::kSplitNLarge, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, stream);
+    launch<sm90::kSplitNLarge, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, schedule, stream);
 }
 
 namespace detail {  // shared with grouped_gemm_bf16.cu (grouped_gemm_internal.h)

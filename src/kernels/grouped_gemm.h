@@ -76,6 +76,14 @@ PackedWeightSize packed_weight_bytes(WeightFormat format, int64_t rows, int64_t 
 void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole role, uint8_t* data_out,
                          float* scales_out);
 
+// How the FP8-block kernels' two math warpgroups share the tensor cores (docs/grouped_gemm.md, v5).
+// kAuto: the heuristic (sm90_gemm_heuristics.h), unless the environment variable
+// MEGAMOE_FP8_GEMM_SCHEDULE is "serial", "pingpong" or "overlap". kSerial: v4 (both warpgroups issue
+// at once). kPingPong: v5, the warpgroups take turns issuing so one promotes while the other
+// multiplies; bit-identical to kSerial. kOverlap: v5, each warpgroup issues its next (64 x 64) wgmma
+// group before promoting the previous one; same numerics contract (per-128-K promotion, same order).
+enum class Fp8GemmSchedule : uint8_t { kAuto, kSerial, kPingPong, kOverlap };
+
 // GEMM 1 (gate+up, activation, optional top-k weight, requant) on FP8-block weights.
 struct GroupedGemm1Fp8Args {
   const uint8_t* a = nullptr;           // [m_capacity, hidden] E4M3
@@ -90,6 +98,7 @@ struct GroupedGemm1Fp8Args {
   int num_experts = 0, hidden = 0, intermediate = 0;
   Activation activation{};
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+  Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto;
 };
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream);
 
@@ -104,6 +113,7 @@ struct GroupedGemm2Fp8Args {
   int64_t m_capacity = 0;
   int num_experts = 0, hidden = 0, intermediate = 0;
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+  Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto;
 };
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream);
 
@@ -120,6 +130,7 @@ struct GroupedGemmFp8Args {
   int64_t m_capacity = 0;
   int num_experts = 0, n = 0, k = 0;
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+  Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto;
 };
 void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t stream);
 

@@ -163,16 +163,172 @@ struct MathRows {
   }
 };
 
+// Issue token of MathSchedule::kOrderedIssue: the two math warpgroups issue their wgmma groups
+// strictly alternately (warpgroup 0 first), so each group reaches the tensor cores whole and behind
+// the other warpgroup's previous one instead of interleaved with it.
+// NOTES (named barriers kIssueTurnBarrier + w, w = 0, 1, 256 threads each):
+// - Barrier kIssueTurnBarrier + w is "warpgroup w may issue". take() = bar.sync on one's own barrier
+//   (128 threads); hand_over() = bar.arrive on the other's (the other 128). One generation per issue.
+// - start(): warpgroup 1 arrives once on warpgroup 0's barrier, so warpgroup 0 issues first.
+// - At most one arrival per barrier is ever pending: between two hand_over()s a warpgroup passes a
+//   take(), which completes only after the other warpgroup took (and consumed) the previous token.
+// - Both warpgroups issue the same number of groups (identical tile sequence, k_blocks and
+//   kSubTiles), so after the last group exactly one arrival (warpgroup 1's last hand_over) is left on
+//   barrier kIssueTurnBarrier + 0; finish() lets warpgroup 0 consume it, so the CTA exits with both
+//   barriers idle. Every other CTA-wide barrier (the SwiGLU exchange, id 1) is reached by each
+//   warpgroup after its own last issue of the tile, and take() never waits on anything but the other
+//   warpgroup's previous issue: no cycle, no deadlock (the full/empty mbarriers are waited before
+//   take(), and the producer only needs both warpgroups' empty arrivals of earlier stages).
+// - Ids 5 and 6: the standalone kernel uses 1 (exchange); the fused kernel (1-4) does not use this.
+constexpr uint32_t kIssueTurnBarrier = 5;
+struct IssueTurn {
+  int math_wg;
+  // Barrier ids stay immediates (a branch per call, uniform over the warpgroup): with an id in a
+  // register ptxas reserves all 16 hardware barriers. Order-only barriers: the token publishes no
+  // memory, it only orders the (asm volatile) wgmma issue of the two warpgroups.
+  static constexpr uint32_t kTurn0 = kIssueTurnBarrier, kTurn1 = kIssueTurnBarrier + 1;
+  __device__ __forceinline__ void start() const {
+    if (math_wg == 1) named_barrier_arrive_order_only<kTurn0, 256>();
+  }
+  __device__ __forceinline__ void take() const {
+    if (math_wg == 0) named_barrier_sync_order_only<kTurn0, 256>();
+    else named_barrier_sync_order_only<kTurn1, 256>();
+  }
+  __device__ __forceinline__ void hand_over() const {
+    if (math_wg == 0) named_barrier_arrive_order_only<kTurn1, 256>();
+    else named_barrier_arrive_order_only<kTurn0, 256>();
+  }
+  __device__ __forceinline__ void finish() const {
+    if (math_wg == 0) named_barrier_sync_order_only<kTurn0, 256>();
+  }
+};
+
+// MathSchedule::kHalfOverlap: the K loop of one tile with the promotion of each wgmma group
+// overlapped with the next group's MMA inside one warpgroup. The 64 x 128 product of a sub-tile is
+// split into two 64 x 64 column halves (wgmma m64n64k32), each a "group" with its own 32-register
+// partial, so two partials cost the registers of today's one (128 + 2 x 32 at 128-row warpgroup
+// tiles; two 64-register partials would need 256).
+// NOTES (groups g = 0 .. 2 kSubTilesM - 1 of one k-block: sub-tile g / 2, column half g % 2, written
+// into partial[g % 2]):
+// - Step g >= 1: fence partial[g % 2]; issue g; commit; wgmma.wait_group 1 (every group but g is
+//   complete); promote g - 1 from partial[(g - 1) % 2]. partial[g % 2] was last written by g - 2, which
+//   step g - 1 waited for and promoted before g is issued. The in-flight partial is never touched by
+//   non-wgmma code, so ptxas keeps the wgmma pipelined (no C7514; checked for every instantiation).
+// - The k-block drains: wait_group 0, release its stage (all its wgmma reads of shared memory are
+//   done), promote the last group. So nothing is in flight across the k-loop's back edge: carrying the
+//   last group into the next k-block (to overlap that promotion too) made ptxas serialize every wgmma
+//   (C7514 "non wgmma instructions reading accumulator registers", from the loop-carried partial).
+//   1 of 2 kSubTilesM promotions per k-block stays exposed; the other math warpgroup's MMAs cover it.
+// - Per element the promotion order over k-blocks is unchanged; the 128-K FP8 product of a half comes
+//   from an m64n64 instead of an m64n128 wgmma (same K steps; not asserted bit-identical to kSerial).
+// - Cost: an m64n64k32 reads 4 KiB of shared operands per 32 tensor-core cycles (A 2 KiB + B 2 KiB),
+//   the SM's full 128 B/cycle, vs 6 KiB per 64 cycles (96 B/cycle) for m64n128k32.
+template <class Layout, bool kCoherentScales>
+__device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulator)[Layout::kSubTiles][64],
+                                                               const Fp8GemmShared<Layout>& smem,
+                                                               const MathRows<Layout::kSubTiles>& where,
+                                                               const float* a_scales_base, const float* b_scales,
+                                                               int k_blocks, int wg_m, int wg_n,
+                                                               PipelineCursor<Layout::kStageCount>& cursor) {
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  constexpr int kGroups = 2 * kSubTilesM;  // per k-block
+  const int lane = threadIdx.x % 32;
+  const float* a_scales[kSubTilesM][2];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      a_scales[s][h] = a_scales_base + static_cast<int64_t>(where.valid[s][h] ? where.rows[s][h] : 0) * k_blocks;
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
+
+  float partial[2][32];
+  float scale_a[kSubTilesM][2], next_scale_a[kSubTilesM][2];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h]) : 0.0f;
+      scale_a[s][h] = 0.0f;
+    }
+  float scale_b = 0.0f, next_scale_b = __ldg(b_scales);
+
+  // acc[s][32 half + i] += partial[half][i] * a_scale(row of i) * b_scale
+  const auto promote = [&](int s, int half) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(partial[half][i]);
+    const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      accumulator[s][32 * half + 4 * j + 0] += partial[half][4 * j + 0] * scale0;
+      accumulator[s][32 * half + 4 * j + 1] += partial[half][4 * j + 1] * scale0;
+      accumulator[s][32 * half + 4 * j + 2] += partial[half][4 * j + 2] * scale1;
+      accumulator[s][32 * half + 4 * j + 3] += partial[half][4 * j + 3] * scale1;
+    }
+  };
+  const auto issue = [&](int stage, int s, int half) {
+    const uint32_t a_base = smem_address(smem.a_tiles + stage * Layout::kABytes +
+                                         (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
+    const uint32_t b_base = smem_address(smem.b_tiles + stage * Layout::kBBytes + (wg_n * 128 + 64 * half) * kBlockK);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(partial[half][i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+      wgmma_m64n64k32_e4m3(partial[half], make_kmajor_sw128_descriptor(a_base + k_step * 32),
+                           make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+    wgmma_commit();
+  };
+
+  for (int kb = 0; kb < k_blocks; ++kb) {
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
+    scale_b = next_scale_b;
+    if (kb + 1 < k_blocks) {
+#pragma unroll
+      for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h] + kb + 1) : 0.0f;
+      next_scale_b = __ldg(b_scales + kb + 1);
+    }
+    barrier_wait(&smem.full[cursor.stage], cursor.phase);
+    issue(cursor.stage, 0, 0);
+#pragma unroll
+    for (int g = 1; g < kGroups; ++g) {
+      issue(cursor.stage, g / 2, g % 2);
+      wgmma_wait<1>();
+      promote((g - 1) / 2, (g - 1) % 2);
+    }
+    wgmma_wait<0>();
+    if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+    cursor.advance();
+    promote(kSubTilesM - 1, 1);
+  }
+}
+
 // Math warpgroup: the full K loop of one tile into `accumulator` (zeroed here). a_scales rows are
 // [rows, k_blocks] FP32; b_scales points at the tile's (expert, 128-column block) row of k_blocks.
-template <class Layout, bool kCoherentScales>
+// kSchedule = kOrderedIssue: every wgmma group is issued between take() and hand_over() of the
+// issue token (IssueTurn above; start()/finish() are the caller's, once per kernel).
+template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
 __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
                                                   const float* b_scales, int k_blocks, int wg_m, int wg_n,
                                                   PipelineCursor<Layout::kStageCount>& cursor) {
+  if constexpr (kSchedule == MathSchedule::kHalfOverlap) {
+    fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
+                                                            k_blocks, wg_m, wg_n, cursor);
+    return;
+  }
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
+  const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
   const float* a_scales[kSubTilesM][2];
 #pragma unroll
   for (int s = 0; s < kSubTilesM; ++s)
@@ -217,12 +373,14 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                            (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
 #pragma unroll
       for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
       wgmma_fence();
 #pragma unroll
       for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
         wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
                               make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
       wgmma_commit();
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
@@ -379,7 +537,7 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
 }
 
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
-template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue>
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                  const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
@@ -406,8 +564,16 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int n_tiles = params.n / kBlockN;
   const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
 
+  // Register split 24 (producer) / 240 (math) = 504 of the 512 per-thread-slot registers (v4: 40 / 232):
+  // at 232 the 128 x 256 SwiGLU kernel spilled 4 bytes (v4) and the pingpong 128 x 256 / 256 x 128 ones
+  // 4-8 bytes (the token's branches); at 240 ptxas reports no spill for any instantiation, and the
+  // producer thread (tile walk + TMA issue) fits in 24. The fused kernel keeps kProducerRegisters /
+  // kMathRegisters.
+  constexpr uint32_t kProducerRegs = 24;
+  constexpr uint32_t kMathRegs = 240;
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 512, "register file: 64 K per SM, 128-thread slots");
   if (warpgroup == 0) {
-    registers_decrease<kProducerRegisters>();
+    registers_decrease<kProducerRegs>();
     if (threadIdx.x != 0) return;
     PipelineCursor<kStages> cursor;
     int expert = 0;
@@ -418,7 +584,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     return;
   }
 
-  registers_increase<kMathRegisters>();
+  registers_increase<kMathRegs>();
   const int math_wg = warpgroup - 1;
   const int wg_m = kWarpgroupsM == 2 ? math_wg : 0;  // which row block of the tile
   const int wg_n = kWarpgroupsM == 2 ? 0 : math_wg;  // which 128-column half of the tile
@@ -430,13 +596,15 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   int expert = 0;
   float accumulator[kSubTilesM][64];
   float partial[64];
+  const IssueTurn turn{math_wg};
+  if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.start();
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
     const int n_block = (t.n_tile * kBlockN) / 128 + wg_n;
     const float* b_scales = params.b_scales + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
-    fp8_tile_mainloop<Layout, false>(accumulator, partial, smem, where, params.a_scales, b_scales, k_blocks, wg_m,
-                                     wg_n, cursor);
+    fp8_tile_mainloop<Layout, false, kSchedule>(accumulator, partial, smem, where, params.a_scales, b_scales,
+                                                k_blocks, wg_m, wg_n, cursor);
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
       auto* out = static_cast<__nv_bfloat16*>(params.out);
       store_bf16_epilogue(accumulator, where, t.n_tile * kBlockN + wg_n * 128 + 2 * (lane % 4),
@@ -447,6 +615,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                                params.out_scales, params.activation, params.limit, params.alpha);
     }
   }
+  if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.finish();
 }
 
 }  // namespace megamoe::kernels::sm90

@@ -63,6 +63,25 @@ inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts,
              : kSplitNLarge;
 }
 
+// How the two math warpgroups of the FP8-block kernel share the tensor cores (docs/grouped_gemm.md, v5).
+//   kSerial:       v4. Both warpgroups issue their wgmma group as soon as the stage is full, so their
+//                  groups interleave on the tensor cores, finish together, and both promote (CUDA
+//                  cores) while the tensor cores idle.
+//   kOrderedIssue: v5 ("pingpong"). The warpgroups take turns issuing (two named barriers pass an
+//                  issue token), so the tensor cores run one warpgroup's group while the other
+//                  promotes its previous one. Same registers and shared memory as kSerial.
+//   kHalfOverlap:  v5 ("overlap"). Inside each warpgroup the next wgmma group is issued before the
+//                  previous one is promoted (wgmma.wait_group 1), with groups of 64 x 64 (two
+//                  32-register partials: the registers of one 64 x 128 partial). Costs a wgmma with half
+//                  the N (more shared-memory operand traffic per FLOP), hides the promotion.
+// The fused MegaMoE kernel keeps kSerial (it shares the device pieces; the template default).
+enum class MathSchedule : int { kSerial = 0, kOrderedIssue = 1, kHalfOverlap = 2 };
+
+// Unmeasured (written without device access): the default stays kSerial until a same-run A/B
+// (scripts/gpu_gemm_pingpong.sh) shows kOrderedIssue faster; the env MEGAMOE_FP8_GEMM_SCHEDULE and the
+// per-call args override it (grouped_gemm.cu).
+inline MathSchedule choose_math_schedule(int /*rows_per_expert_hint*/) { return MathSchedule::kSerial; }
+
 // W4A8 (sm90_w4a8_grouped_gemm.cuh): always split-N, 256 columns; 64 or 128 rows chosen as for GEMM 1
 // (the FP4 decode costs the same per weight byte for both, so the larger tile halves it per FLOP).
 inline int choose_w4a8_sub_tiles(int rows_per_expert_hint, int num_experts, int n, int ctas) {

@@ -55,6 +55,18 @@ __device__ __forceinline__ void registers_increase() {
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// Execution-order-only variants (no "memory" clobber): for hand-offs that order instructions (e.g.
+// wgmma issue, itself asm volatile and therefore never moved across these) but publish no memory, so
+// the compiler may still schedule ordinary loads across them. bar.arrive does not wait: it is the
+// producer half of a hand-off whose consumer half is the sync on the same id.
+template <uint32_t kId, uint32_t kThreads>
+__device__ __forceinline__ void named_barrier_sync_order_only() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads));
+}
+template <uint32_t kId, uint32_t kThreads>
+__device__ __forceinline__ void named_barrier_arrive_order_only() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kThreads));
+}
 
 // ---- wgmma -----------------------------------------------------------------------------------------
 // Shared-memory matrix descriptor for a K-major tile written by TMA with 128-byte swizzle: rows of
@@ -97,6 +109,24 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t a
         "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
         "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate));
+}
+
+// D[64x64] (+)= A[64x32] * B[64x32]^T, E4M3 x E4M3 -> FP32 (32 registers: the first or second half of
+// the m64n128 fragment's columns, register i here = register i + 32 * half there).
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t a_descriptor, uint64_t b_descriptor,
+                                                     uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate));
 }
 

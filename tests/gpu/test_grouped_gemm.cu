@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_skip.h"
@@ -103,9 +106,24 @@ std::string describe(const Problem& p, uint64_t seed) {
   return text;
 }
 
-void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact) {
+using kernels::Fp8GemmSchedule;
+
+const char* schedule_name(Fp8GemmSchedule schedule) {
+  switch (schedule) {
+    case Fp8GemmSchedule::kSerial: return "serial";
+    case Fp8GemmSchedule::kPingPong: return "pingpong";
+    case Fp8GemmSchedule::kOverlap: return "overlap";
+    default: return "auto";
+  }
+}
+
+// schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
+// bit-identical results: the schedules only reorder wgmma issue between the two math warpgroups, never
+// the operations of one output element.
+void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact,
+               Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto) {
   const Problem p = make_problem(counts, n, k, seed, exact);
-  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) + " schedule " + schedule_name(schedule));
   DeviceBuffer a(p.a), a_scales(p.a_scales), w(p.w), w_scales(p.w_scales), offsets(p.offsets);
   DeviceBuffer out(p.capacity * n * sizeof(uint16_t));
   poison_device_buffer(out.data, out.bytes);
@@ -121,9 +139,16 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
   args.n = n;
   args.k = k;
   args.rows_per_expert_hint = rows_hint;
-  kernels::grouped_gemm_fp8_bf16out(args, nullptr);
-  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto result = out.download<uint16_t>();
+  const auto run_once = [&](Fp8GemmSchedule which) {
+    poison_device_buffer(out.data, out.bytes);
+    args.schedule = which;
+    kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    return out.download<uint16_t>();
+  };
+  const auto result = run_once(schedule);
+  if (schedule == Fp8GemmSchedule::kPingPong)
+    EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial) == result) << "pingpong and serial outputs differ";
 
   double error_sq = 0, ref_sq = 0;
   int64_t bad = 0, mismatched_bits = 0;
@@ -203,11 +228,12 @@ double e4m3_ulp(double magnitude) {
 }
 
 void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed, const Activation& act,
-               bool use_topk, bool exact_inputs = false, int rows_hint = 0) {
+               bool use_topk, bool exact_inputs = false, int rows_hint = 0,
+               Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto) {
   Problem p = make_problem(counts, 2 * intermediate, hidden, seed, exact_inputs);
   if (act.kind == Activation::Kind::kSwigluClamped)  // make the clamp bite: scale activations up
     for (auto& s : p.a_scales) s *= 6.0f;
-  SCOPED_TRACE(describe(p, seed));
+  SCOPED_TRACE(describe(p, seed) + " schedule " + schedule_name(schedule));
   std::vector<float> topk(p.capacity);
   std::mt19937_64 rng(seed + 1);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
@@ -245,10 +271,21 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
   args.intermediate = intermediate;
   args.activation = act;
   args.rows_per_expert_hint = rows_hint;
-  kernels::grouped_gemm1_fp8(args, nullptr);
-  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  const auto q = out.download<uint8_t>();
-  const auto scales = out_scales.download<float>();
+  const auto run_once = [&](Fp8GemmSchedule which) {
+    poison_device_buffer(out.data, out.bytes);
+    poison_device_buffer(out_scales.data, out_scales.bytes);
+    args.schedule = which;
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    return std::make_pair(out.download<uint8_t>(), out_scales.download<float>());
+  };
+  const auto [q, scales] = run_once(schedule);
+  if (schedule == Fp8GemmSchedule::kPingPong) {
+    const auto serial = run_once(Fp8GemmSchedule::kSerial);
+    EXPECT_TRUE(serial.first == q) << "pingpong and serial codes differ";
+    EXPECT_EQ(std::memcmp(serial.second.data(), scales.data(), scales.size() * sizeof(float)), 0)
+        << "pingpong and serial scales differ";
+  }
 
   const int groups = intermediate / 128;
   double error_sq = 0, ref_sq = 0;
@@ -349,6 +386,70 @@ TEST(GroupedGemmFp8, Gemm1SwigluClampedNoTopk) {
 TEST(GroupedGemmFp8, Gemm1DeepHidden) {
   MEGAMOE_REQUIRE_GPUS(1);
   run_gemm1({33, 0, 80}, 7168, 256, 23, Activation{}, true);
+}
+
+// v5 schedules (docs/grouped_gemm.md): every tile config under kPingPong and kOverlap against the
+// references above (bit-exact for exactly representable inputs); kPingPong also bit-identical to
+// kSerial on the same inputs (run_plain / run_gemm1 check that).
+TEST(GroupedGemmFp8, ScheduleVariantsPlainAllTiles) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap}) {
+    const uint64_t seed = schedule == Fp8GemmSchedule::kPingPong ? 4000 : 5000;
+    run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, seed + 1, 0, false, schedule);    // 256 x 128 tiles
+    run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, seed + 2, 200, false, schedule);  // 128 x 128 tiles
+    run_plain({8, 0, 1, 17, 64, 33}, 512, 384, seed + 3, 16, false, schedule);           //  64 x 256 tiles
+    run_plain({100, 0, 129}, 256, 7168, seed + 4, 0, false, schedule);                   // deep K
+    run_plain({3, 0, 128, 77}, 256, 1024, seed + 5, 0, true, schedule);                  // bit-exact vs fp64
+    run_plain({3, 0, 128, 77}, 256, 1024, seed + 6, 8, true, schedule);
+    run_plain({3, 0, 128, 77}, 256, 1024, seed + 7, 128, true, schedule);
+  }
+}
+
+TEST(GroupedGemmFp8, ScheduleVariantsGemm1AllTiles) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  Activation clamped;
+  clamped.kind = Activation::Kind::kSwigluClamped;
+  clamped.limit = 7.0f;
+  clamped.alpha = 1.702f;
+  for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap}) {
+    const uint64_t seed = schedule == Fp8GemmSchedule::kPingPong ? 4100 : 5100;
+    run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, seed + 1, Activation{}, true, false, 0, schedule);   // 128 x 256
+    run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, seed + 2, Activation{}, true, false, 16, schedule);  //  64 x 256
+    run_gemm1({0, 1, 70, 63, 130}, 512, 256, seed + 3, Activation{}, true, true, 0, schedule);        // exact
+    run_gemm1({0, 1, 70, 63, 130}, 512, 256, seed + 4, Activation{}, true, true, 8, schedule);
+    run_gemm1({33, 0, 80}, 7168, 256, seed + 5, Activation{}, true, false, 0, schedule);              // deep hidden
+    run_gemm1({5, 0, 129, 1}, 384, 384, seed + 6, clamped, false, false, 0, schedule);
+  }
+}
+
+// Runs without a GPU: the schedule is resolved (and rejected) before any CUDA call.
+TEST(GroupedGemmFp8, RejectsBadSchedule) {
+  alignas(16) static uint8_t fake[64];
+  kernels::GroupedGemmFp8Args args;
+  args.a = args.weights = fake;
+  args.a_scales = args.weight_scales = reinterpret_cast<const float*>(fake);
+  args.expert_offsets = reinterpret_cast<const int32_t*>(fake);
+  args.out = reinterpret_cast<uint16_t*>(fake);
+  args.m_capacity = 16;
+  args.num_experts = 1;
+  args.n = args.k = 128;
+  args.schedule = static_cast<Fp8GemmSchedule>(9);
+  try {
+    kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+    FAIL() << "schedule 9 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("schedule = 9"), std::string::npos) << error.what();
+  }
+  args.schedule = Fp8GemmSchedule::kAuto;
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM_SCHEDULE", "fastest", 1), 0);
+  try {
+    kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+    ADD_FAILURE() << "MEGAMOE_FP8_GEMM_SCHEDULE=fastest accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGAMOE_FP8_GEMM_SCHEDULE = 'fastest'"), std::string::npos)
+        << error.what();
+  }
+  unsetenv("MEGAMOE_FP8_GEMM_SCHEDULE");
 }
 
 TEST(GroupedGemmFp8, RejectsBadShapes) {
