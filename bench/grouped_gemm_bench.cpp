@@ -191,8 +191,8 @@ struct Point {
   int fp4_group = 0;  // W4A8: 16 (nvfp4) or 32 (mxfp4); 0 = FP8 / BF16
   double us = 0, cublas_fp8_us = 0, cublas_bf16_us = 0;
   std::string schedule;  // FP8: the schedule of `us`
-  // --variant all: the FP8 kernel under the other schedules, timed right after `us` (serial).
-  std::vector<std::pair<std::string, double>> variant_us;
+  // --schedule all: the FP8 kernel under the other schedules, timed right after `us` (serial).
+  std::vector<std::pair<std::string, double>> schedule_us;
   double flops() const { return 2.0 * rows * experts * n * k; }
   double weight_bytes() const {
     const double per_element = bf16              ? 2.0
@@ -211,13 +211,13 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   MEGAMOE_CHECK(options.format == "fp8" || options.format == "bf16" || options.format == "nvfp4" ||
                     options.format == "mxfp4",
                 "--format = '", options.format, "' must be fp8, bf16, nvfp4 or mxfp4");
-  MEGAMOE_CHECK(options.variant == "auto" || options.variant == "serial" || options.variant == "pingpong" ||
-                    options.variant == "overlap" || options.variant == "all",
-                "--variant = '", options.variant, "' must be auto, serial, pingpong, overlap or all");
-  const bool all_schedules = options.variant == "all";
-  const kernels::Fp8GemmSchedule schedule = options.variant == "pingpong"  ? kernels::Fp8GemmSchedule::kPingPong
-                                            : options.variant == "overlap" ? kernels::Fp8GemmSchedule::kOverlap
-                                            : options.variant == "auto"    ? kernels::Fp8GemmSchedule::kAuto
+  MEGAMOE_CHECK(options.schedule == "auto" || options.schedule == "serial" || options.schedule == "pingpong" ||
+                    options.schedule == "overlap" || options.schedule == "all",
+                "--schedule = '", options.schedule, "' must be auto, serial, pingpong, overlap or all");
+  const bool all_schedules = options.schedule == "all";
+  const kernels::Fp8GemmSchedule schedule = options.schedule == "pingpong"  ? kernels::Fp8GemmSchedule::kPingPong
+                                            : options.schedule == "overlap" ? kernels::Fp8GemmSchedule::kOverlap
+                                            : options.schedule == "auto"    ? kernels::Fp8GemmSchedule::kAuto
                                                                            : kernels::Fp8GemmSchedule::kSerial;
   const std::pair<const char*, kernels::Fp8GemmSchedule> other_schedules[] = {
       {"pingpong", kernels::Fp8GemmSchedule::kPingPong}, {"overlap", kernels::Fp8GemmSchedule::kOverlap}};
@@ -373,7 +373,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           for (const auto& [name, other] : other_schedules) {
             if (!all_schedules) break;
             args.schedule = other;
-            p.variant_us.emplace_back(name, timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
+            p.schedule_us.emplace_back(name, timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
           }
         } else {
           kernels::GroupedGemm2Fp8Args args;
@@ -393,7 +393,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           for (const auto& [name, other] : other_schedules) {
             if (!all_schedules) break;
             args.schedule = other;
-            p.variant_us.emplace_back(name, timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); }));
+            p.schedule_us.emplace_back(name, timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); }));
           }
         }
         const void* dense_w = fp4_group ? dense_w8.data : which == 1 ? w13.data : w2.data;
@@ -420,11 +420,11 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                     p.gemm.c_str(), p.us, p.flops() / p.us * 1e-6, p.weight_bytes() / p.us * 1e-3, p.denominator_us(),
                     p.flops() / p.denominator_us() * 1e-6, p.denominator_us() / p.us,
                     p.cublas_bf16_us > 0 ? p.flops() / p.cublas_bf16_us * 1e-6 : 0.0);
-        for (const auto& [name, us] : p.variant_us)
+        for (const auto& [name, us] : p.schedule_us)
           std::printf("%-10s %5d %5s | %-8s %9.1f us %8.1f TFLOP/s | speedup vs serial %.3f | vs cuBLAS %.2f\n",
                       model.c_str(), rows, p.gemm.c_str(), name.c_str(), us, p.flops() / us * 1e-6, p.us / us,
                       p.denominator_us() / us);
-        if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.variant;
+        if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.schedule;
         std::fflush(stdout);
         points.push_back(p);
       }
@@ -452,7 +452,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                          {"ratio_vs_cublas_fp8", p.cublas_fp8_us / p.us}, {"cublas_bf16_us", p.cublas_bf16_us},
                          {"cublas_bf16_tflops", p.flops() / p.cublas_bf16_us * 1e-6}});
       if (!p.schedule.empty()) records.back()["schedule"] = p.schedule;
-      for (const auto& [name, us] : p.variant_us) {
+      for (const auto& [name, us] : p.schedule_us) {
         records.back()[name + "_us"] = us;
         records.back()[name + "_tflops"] = p.flops() / us * 1e-6;
         records.back()[name + "_speedup_vs_serial"] = p.us / us;

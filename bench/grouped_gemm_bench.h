@@ -18,10 +18,10 @@ struct GemmBenchOptions {
   std::string json_path;  // empty: no JSON file
   int rows_hint = 0;            // tile-choice hint passed to the kernels (0 = the actual rows per expert)
   bool skip_cublas = false;     // skip the cuBLAS denominators (A/B runs of one kernel knob)
-  // FP8-block math-warpgroup schedule (docs/grouped_gemm.md, v5): "auto" (heuristic / env), "serial"
+  // FP8-block math-warpgroup schedule (docs/grouped_gemm.md, v5): --schedule "auto" (heuristic / env), "serial"
   // (v4), "pingpong", "overlap" (v5), or "all": serial, then pingpong and overlap timed right after it
   // per point (A/B in one run; the main columns are serial).
-  std::string variant = "auto";
+  std::string schedule = "auto";
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.

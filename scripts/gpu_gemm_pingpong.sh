@@ -3,7 +3,7 @@
 # build (all cores) into $BUILD_DIR (/tmp/build-pingpong), the FP8 GEMM GPU tests (every schedule,
 # every tile config; pingpong bit-identical to serial) + the mega tests on one GPU (mega keeps the serial
 # path), compute-sanitizer memcheck and synccheck (named-barrier hand-offs) on the schedule tests, then
-# `megamoe bench gemm --variant all` (serial, pingpong, overlap timed back to back per point, cuBLASLt
+# `megamoe bench gemm --schedule all` (serial, pingpong, overlap timed back to back per point, cuBLASLt
 # FP8 in the same run) on dsv3, ms4, qwen3-30b at 128/1024/4096 rows per expert. Logs + JSON in $OUT;
 # a short table last.
 #   env: SKIP_TESTS=1, SKIP_SANITIZER=1, SKIP_BENCH=1, ROWS="128 1024 4096", MODELS="dsv3 ms4 qwen3-30b",
@@ -47,7 +47,7 @@ if [ "${SKIP_SANITIZER:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   # shellcheck disable=SC2086
-  step bench_gemm 400 "$build/megamoe" bench gemm --variant all --models ${MODELS:-dsv3 ms4 qwen3-30b} \
+  step bench_gemm 400 "$build/megamoe" bench gemm --schedule all --models ${MODELS:-dsv3 ms4 qwen3-30b} \
        --rows ${ROWS:-128 1024 4096} --repeats "${REPEATS:-10}" --json "$out/bench_gemm_pingpong.json" ${BENCH_GEMM_ARGS:-}
 fi
 grep -hE "^\[  (FAILED|PASSED) |tests? ran" "$out"/test_*.log 2>/dev/null | head -20

@@ -14,7 +14,7 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                      app.add_option("--format", options->format,
                                     "fp8 or nvfp4 / mxfp4 (W4A8; vs cuBLASLt FP8), bf16 (vs cuBLAS BF16)")
                          ->check(CLI::IsMember({"fp8", "bf16", "nvfp4", "mxfp4"}));
-                     app.add_option("--variant", options->variant,
+                     app.add_option("--schedule", options->schedule,
                                     "FP8 schedule: auto, serial (v4), pingpong / overlap (v5), all (A/B per point)")
                          ->check(CLI::IsMember({"auto", "serial", "pingpong", "overlap", "all"}));
                      app.add_option("--json", options->json_path, "write results as JSON here");
