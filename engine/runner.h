@@ -47,6 +47,11 @@ class ModelRunner {
   // Runs the model over the batch (packed, causal per sequence, attending to its KV cache) and
   // writes the new tokens' K/V into their blocks. Throws megamoe::Error on bad input.
   virtual StepOutput step(const StepBatch& batch) = 0;
+  // Diagnostics (GPU runner; empty / 0 elsewhere): device memory by use and the KV cache plan, and
+  // the decode CUDA graphs captured (one per batch-size bucket) and replayed so far.
+  virtual std::string memory_report() const { return {}; }
+  virtual int decode_graphs_captured() const { return 0; }
+  virtual int64_t decode_graph_replays() const { return 0; }
 };
 
 // Sampling parameters of one request (OpenAI-shaped).

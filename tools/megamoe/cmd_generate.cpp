@@ -9,6 +9,10 @@
 #include <random>
 #include <sstream>
 
+#ifdef MEGAMOE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "engine/cli_options.h"
 #include "engine/generate.h"
 #include "engine/gpu_model.h"
@@ -104,6 +108,23 @@ int run(GenerateArgs& args) {
     total_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     best_prefill = std::min(best_prefill, stats.prefill_seconds);
   }
+  std::string memory = runner->memory_report();
+#ifdef MEGAMOE_WITH_CUDA
+  if (!memory.empty()) {
+    // NOTES: the runner allocates up front (weights, workspaces, activations, KV cache) and frees
+    // nothing while it runs, so memory in use after the run is the run's peak (cuDNN plan workspaces
+    // and graphs included).
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      char line[160];
+      std::snprintf(line, sizeof(line), "\npeak device memory: %.2f GiB of %.2f GiB",
+                    (total_bytes - free_bytes) / 1073741824.0, total_bytes / 1073741824.0);
+      memory += line;
+    }
+  }
+#endif
+  const int graphs = runner->decode_graphs_captured();
+  const long long replays = static_cast<long long>(runner->decode_graph_replays());
   runner.reset();  // the MoE backends use the group
 #ifdef MEGAMOE_WITH_CUDA
   if (group) group->destroy();
@@ -115,6 +136,12 @@ int run(GenerateArgs& args) {
               "(best of %d)\n",
               prefix.c_str(), std::chrono::duration<double>(loaded - start).count(), total_seconds, prompt.size(),
               out.size(), best_prefill, static_cast<double>(prompt.size()) / best_prefill, args.repeat);
+  if (!memory.empty()) {
+    std::printf("%sdecode graphs: %d captured, %lld replays%s\n", prefix.c_str(), graphs, replays,
+                options.enforce_eager ? " (--enforce-eager)" : "");
+    std::istringstream lines(memory);
+    for (std::string line; std::getline(lines, line);) std::printf("%s%s\n", prefix.c_str(), line.c_str());
+  }
   std::fflush(stdout);
   return 0;
 }
