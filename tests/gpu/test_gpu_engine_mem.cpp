@@ -20,6 +20,7 @@
 #include "engine/gpu_model.h"
 #include "engine/model.h"
 #include "megamoe/error.h"
+#include "megamoe/error_cuda.h"
 
 using namespace megamoe;
 using namespace megamoe::engine;
