@@ -6,7 +6,8 @@
 #   scripts/gpu_engine_mem.sh [build-dir]      (default /tmp/build-engine-mem)
 #   env: STEPS="build tests full" (any subset; the whole set may exceed one 600 s device call: then run
 #        STEPS="build tests" and STEPS=full as two calls on the warm machine), LAYERS (default 48),
-#        PROMPT (prompt tokens per rank, default 4096), SANITIZE=0 skips memcheck
+#        PROMPT (prompt tokens per rank, default 4096), SANITIZE=0 skips memcheck, EAGER=1 adds the full
+#        runs with --enforce-eager (decode ms/step without graphs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-engine-mem}
@@ -41,25 +42,28 @@ if [[ $steps == *" tests "* ]]; then
        "$gpu" --gtest_filter='Backends/GpuDecodeGraphs.ReplayMatchesEager/staged:Backends/MoeWorkspaceSingle.LayersSharingAWorkspaceReplayFromOneGraph/*'
 fi
 if [[ $steps == *" full "* ]]; then
-  for backend in staged mega; do
-    step "full_${backend}" 420 "$cli" generate tests/fixtures/qwen3-30b-a3b --load-format dummy --quantization fp8 \
+  variants="staged mega"; [ "${EAGER:-0}" = 1 ] && variants="$variants staged_eager mega_eager"
+  for variant in $variants; do
+    backend=${variant%_eager}; extra=(); [ "$variant" != "$backend" ] && extra=(--enforce-eager)
+    step "full_${variant}" 420 "$cli" generate tests/fixtures/qwen3-30b-a3b --load-format dummy --quantization fp8 \
          --moe-backend "$backend" --data-parallel-size 2 --enable-expert-parallel --random-prompt-len "${PROMPT:-4096}" \
          --max-tokens 4 --repeat 2 --block-size 16 --max-num-batched-tokens 4096 --gpu-memory-utilization 0.9 \
-         --hf-overrides "{\"num_hidden_layers\": ${LAYERS:-48}}"
+         --hf-overrides "{\"num_hidden_layers\": ${LAYERS:-48}}" "${extra[@]}"
   done
 fi
 for name in test_workspace test_runner_mem test_regress test_multigpu memcheck; do
   [ -f "$out/$name.log" ] && { echo "== $name"; grep -E "^\[(staged|mega)\]|decode graphs|PASSED|FAILED|ERROR SUMMARY|Error" "$out/$name.log" | tail -20; }
 done
-printf '\n%-8s %-6s %-12s %-10s %-12s %-12s %s\n' backend rank "prefill s" "tok/s" "peak GiB" "KV blocks" graphs
-for backend in staged mega; do
+printf '\n%-13s %-5s %-10s %-9s %-9s %-10s %-8s %s\n' run rank "prefill s" "tok/s" "peak GiB" "KV blocks" graphs "decode ms"
+for backend in staged mega staged_eager mega_eager; do
   log="$out/full_${backend}.log"; [ -f "$log" ] || continue
   for r in 0 1; do
     p=$(grep -E "^rank $r load" "$log" | sed -E 's/.*prefill ([0-9.]+) s = ([0-9]+) tokens.*/\1 \2/')
     peak=$(grep -E "^rank $r peak device memory" "$log" | sed -E 's/.*memory: ([0-9.]+) GiB.*/\1/')
     kv=$(grep -E "^rank $r KV cache" "$log" | sed -E 's/.*KV cache: ([0-9]+) blocks.*/\1/')
     g=$(grep -E "^rank $r decode graphs" "$log" | sed -E 's/.*graphs: ([0-9]+) captured, ([0-9]+) replays.*/\1|\2/')
-    printf '%-8s %-6s %-12s %-10s %-12s %-12s %s\n' "$backend" "$r" ${p:-"- -"} "${peak:--}" "${kv:--}" "${g:--}"
+    d=$(grep -E "^rank $r decode graphs" "$log" | sed -E 's/.*decode ([0-9.]+) ms per step.*/\1/')
+    printf '%-13s %-5s %-10s %-9s %-9s %-10s %-8s %s\n' "$backend" "$r" ${p:-"- -"} "${peak:--}" "${kv:--}" "${g:--}" "${d:--}"
   done
 done
 printf '\n%-16s %-9s %s\n' step result time
