@@ -37,7 +37,7 @@ if [[ $steps == *" tests "* ]]; then
   step test_runner_mem 240 "$gpu" --gtest_filter='GpuRunnerMemory.*:*GpuDecodeGraphs*'
   # Regressions over the code this branch changed (backends, qkv_prepare, the runner).
   step test_regress 240 "$gpu" --gtest_filter='*GpuTinyModel*:*GpuStaged*:*MegaSingle*:*EpSingle*:*PagedAttention*'
-  step test_multigpu 300 "$multi" --gtest_filter='GpuGenerate*:*MegaMulti*:*EpMulti*Staged*'
+  step test_multigpu 300 "$multi" --gtest_filter='GpuGenerate*:MoeWorkspaceMulti.*:*MegaMulti*:*EpMulti*Staged*'
   [ "${SANITIZE:-1}" = 1 ] && step memcheck 200 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
        "$gpu" --gtest_filter='Backends/GpuDecodeGraphs.ReplayMatchesEager/staged:Backends/MoeWorkspaceSingle.LayersSharingAWorkspaceReplayFromOneGraph/*'
 fi
