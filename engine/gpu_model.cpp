@@ -15,9 +15,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "engine/cudnn_attention.h"
 #include "engine/gpu_ops.h"
+#include "engine/gpu_plan.h"
 #include "engine/step_batch.h"
 #include "engine/weights.h"
 #include "megamoe/ep.h"
@@ -105,7 +107,11 @@ class GpuModelRunner final : public ModelRunner {
   GpuModelRunner(const ModelConfig& config, const std::string& model_dir, const RunnerOptions& options)
       : config_(config), options_(options) {
     MEGAMOE_CHECK(options.kv_block_size > 0, "kv_block_size = ", options.kv_block_size, " must be positive");
-    MEGAMOE_CHECK(options.num_kv_blocks > 0, "num_kv_blocks = ", options.num_kv_blocks, " must be positive");
+    MEGAMOE_CHECK(options.kv_cache_from_memory || options.num_kv_blocks > 0, "num_kv_blocks = ", options.num_kv_blocks,
+                  " must be positive");
+    MEGAMOE_CHECK(options.gpu_memory_utilization > 0 && options.gpu_memory_utilization <= 1,
+                  "--gpu-memory-utilization ", options.gpu_memory_utilization, " must be in (0, 1]");
+    MEGAMOE_CHECK(options.max_graph_batch >= 1, "--max-graph-batch ", options.max_graph_batch, " must be >= 1");
     MEGAMOE_CHECK(options.max_tokens_per_step > 0, "max_tokens_per_step = ", options.max_tokens_per_step,
                   " must be positive");
     MEGAMOE_CHECK(!options.cpu_ep, "the GPU runner takes a GPU EpGroup (RunnerOptions::ep), not cpu_ep");
@@ -132,12 +138,15 @@ class GpuModelRunner final : public ModelRunner {
 
   const ModelInfo& info() const override { return info_; }
   int kv_block_size() const override { return options_.kv_block_size; }
-  int num_kv_blocks() const override { return options_.num_kv_blocks; }
+  int num_kv_blocks() const override { return num_kv_blocks_; }
+  std::string memory_report() const override { return memory_report_; }
+  int decode_graphs_captured() const override { return static_cast<int>(graphs_.size()); }
+  int64_t decode_graph_replays() const override { return graph_replays_; }
 
   StepOutput step(const StepBatch& batch) override {
     MEGAMOE_CUDA_CHECK(cudaSetDevice(device_));
     const BatchLimits limits{config_.max_position_embeddings, config_.vocab_size, options_.kv_block_size,
-                             options_.num_kv_blocks};
+                             num_kv_blocks_};
     if (!collective()) return run(batch, pack_step_batch(batch, limits));
     // NOTES: collective step. A rank whose batch is invalid still runs an empty step, so the other
     // ranks' MoE collectives complete, then reports its error.
@@ -164,6 +173,7 @@ class GpuModelRunner final : public ModelRunner {
     MEGAMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
     MEGAMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
 
+    const int64_t used_at_start = device_memory_used();
     create_backends();
     const std::string format = options.load.load_format;
     MEGAMOE_CHECK(format == "auto" || format == "safetensors" || format == "dummy", "--load-format '", format,
@@ -177,19 +187,82 @@ class GpuModelRunner final : public ModelRunner {
       upload_weights(weights);
     }
     build_rope_tables();
+    const int64_t used_after_weights = device_memory_used();
     std::string why_not;
     if (options.attention != "paged" && gpu::cudnn_attention_available(&why_not)) {
       cudnn_ = std::make_unique<gpu::CudnnVarlenAttention>(config.num_heads, config.num_kv_heads, config.head_dim);
     }
     MEGAMOE_CHECK(options.attention != "cudnn" || cudnn_, "--attention cudnn: ", why_not);
-    reserve(std::min(options.max_tokens_per_step, 256), 1);
+    // NOTES: cuBLAS gets its workspace from us, so a captured GEMM never allocates.
+    cublas_workspace_.resize(kCublasWorkspaceBytes);
+    MEGAMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
+    // Activation buffers at their steady-state size before the KV cache takes the rest: a step of up
+    // to max_tokens_per_step tokens and as many logit rows as sequences a decode graph holds.
+    reserve(options.max_tokens_per_step, std::min(options.max_tokens_per_step, std::max(options.max_graph_batch, 256)));
     for (auto& backend : backends_) backend->warmup(host_moe_ ? nullptr : stream_);
     MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    graphs_enabled_ = !options.enforce_eager && !host_moe_;
+    if (graphs_enabled_) {
+      graph_buckets_ = decode_graph_buckets(std::min(options.max_graph_batch, options.max_tokens_per_step));
+      graph_blocks_per_seq_ = (config.max_position_embeddings + options.kv_block_size - 1) / options.kv_block_size;
+      graph_meta_host_ = graph_meta_layout(graph_buckets_.back());
+      graph_meta_.resize(graph_meta_host_.words.size() * 4);
+    }
+    const int64_t used_before_cache = device_memory_used();
+    allocate_kv_cache();
+    const int64_t used_after_cache = device_memory_used();
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "device %d memory: weights + MoE workspace %.2f GiB (MoE workspace %.2f GiB local + %.2f GiB "
+                  "symmetric, shared by %zu MoE layers), activations + cuBLAS %.2f GiB, KV cache %.2f GiB (%d blocks "
+                  "x %d tokens); in use %.2f GiB",
+                  device_, (used_after_weights - used_at_start) / gib,
+                  moe_workspace_ ? moe_workspace_->device_bytes() / gib : 0.0,
+                  moe_workspace_ ? moe_workspace_->symmetric_bytes() / gib : 0.0, backends_.size(),
+                  (used_before_cache - used_after_weights) / gib, (used_after_cache - used_before_cache) / gib,
+                  num_kv_blocks_, options.kv_block_size, used_after_cache / gib);
+    memory_report_ = line;
+    if (!kv_plan_line_.empty()) memory_report_ += "\n" + kv_plan_line_;
+    if (options.load.progress) std::fprintf(stderr, "megamoe: %s\n", memory_report_.c_str());
+  }
+
+  static int64_t device_memory_used() {
+    size_t free_bytes = 0, total_bytes = 0;
+    MEGAMOE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(total_bytes - free_bytes);
+  }
+
+  // The paged cache [blocks, block_size, Hkv, D] bf16 per layer, K and V: --num-kv-blocks, or (the
+  // CLI's default) what --gpu-memory-utilization leaves after everything else (engine/gpu_plan.h).
+  void allocate_kv_cache() {
+    num_kv_blocks_ = options_.num_kv_blocks;
+    if (options_.kv_cache_from_memory) {
+      size_t free_bytes = 0, total_bytes = 0;
+      MEGAMOE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+      KvCachePlanInputs in;
+      in.total_bytes = static_cast<int64_t>(total_bytes);
+      in.free_bytes = static_cast<int64_t>(free_bytes);
+      in.gpu_memory_utilization = options_.gpu_memory_utilization;
+      in.block_bytes = kv_block_bytes(config_.num_layers, options_.kv_block_size, config_.num_kv_heads, config_.head_dim);
+      in.reserve_bytes = kKvReserveBytes;
+      const KvCachePlan plan = plan_kv_cache(in);
+      num_kv_blocks_ = plan.num_blocks;
+      kv_plan_line_ = describe_kv_cache_plan(plan, in, options_.kv_block_size);
+    }
+    const size_t cache_bytes = static_cast<size_t>(num_kv_blocks_) * options_.kv_block_size * config_.kv_size() *
+                               sizeof(uint16_t);
+    for (GpuLayer& g : layers_) {
+      g.k_cache.resize(cache_bytes);
+      g.v_cache.resize(cache_bytes);
+    }
   }
 
   // Frees what initialize() got, in dependency order (backends before their group); idempotent.
   void release() noexcept {
     if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& [bucket, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
+    graphs_.clear();
     for (auto& backend : backends_) {
       try {
         backend->destroy();
@@ -197,6 +270,8 @@ class GpuModelRunner final : public ModelRunner {
       }
     }
     backends_.clear();
+    if (moe_workspace_) moe_workspace_->release();
+    moe_workspace_.reset();
     cudnn_.reset();
     if (own_group_) {
       try {
@@ -237,11 +312,14 @@ class GpuModelRunner final : public ModelRunner {
       group = own_group_.get();
     }
     group_ = cpu_backend ? nullptr : group;
+    // NOTES: one workspace for all layers: they run one after another on stream_, so one EP window
+    // and one set of GEMM scratch serve them all (moe.h, docs/moe_workspace.md).
+    moe_workspace_ = make_moe_workspace();
     for (int layer = 0; layer < config_.num_layers; ++layer) {
       if (!config_.is_moe_layer(layer)) continue;
       std::unique_ptr<MoeBackend> backend;
       try {
-        backend = make_backend(name, moe, cpu_backend ? options_.ep : group);
+        backend = make_backend(name, moe, cpu_backend ? options_.ep : group, moe_workspace_);
       } catch (const Error& e) {
         MEGAMOE_FAIL("--moe-backend ", options_.moe_backend, " cannot run ", config_.model_type, " (",
                      weight_format_name(expert_format_), " experts): ", e.what());
@@ -262,8 +340,6 @@ class GpuModelRunner final : public ModelRunner {
     tied_ = w.lm_head.empty();
     if (!tied_) lm_head_ = upload_bf16(w.lm_head);
     MEGAMOE_CHECK(static_cast<int64_t>(w.embed.size()) == V * H, "embed has ", w.embed.size(), " values");
-    const size_t cache_bytes = static_cast<size_t>(options_.num_kv_blocks) * options_.kv_block_size *
-                               config_.kv_size() * sizeof(uint16_t);
     layers_.resize(config_.num_layers);
     for (int l = 0; l < config_.num_layers; ++l) {
       const LayerWeights& lw = w.layers[l];
@@ -279,8 +355,6 @@ class GpuModelRunner final : public ModelRunner {
         g.q_norm = upload_f32(lw.attention.q_norm);
         g.k_norm = upload_f32(lw.attention.k_norm);
       }
-      g.k_cache.resize(cache_bytes);
-      g.v_cache.resize(cache_bytes);
       g.moe = lw.moe;
       if (lw.moe) {
         g.router = upload_f32(lw.router);
@@ -316,6 +390,7 @@ class GpuModelRunner final : public ModelRunner {
     rows = std::max<int64_t>(rows, 1);
     if (tokens > reserved_tokens_) {
       MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      ++buffer_generation_;  // captured decode graphs point at the old buffers
       const int64_t H = config_.hidden_size, Q = config_.q_size(), KV = config_.kv_size();
       const int64_t I = std::max(config_.intermediate_size, 1), E = std::max(config_.num_experts, 1);
       const int64_t K = std::max(config_.top_k, 1);
@@ -337,6 +412,7 @@ class GpuModelRunner final : public ModelRunner {
     }
     if (rows > reserved_rows_) {
       MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      ++buffer_generation_;
       last_normed_.resize(rows * config_.hidden_size * 2);
       logits_.resize(rows * static_cast<int64_t>(config_.vocab_size) * 4);
       reserved_rows_ = rows;
@@ -391,9 +467,34 @@ class GpuModelRunner final : public ModelRunner {
                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
+  // Device pointers and sizes of one forward: the eager step's metadata (meta_) or a decode graph's
+  // fixed-capacity copy (graph_meta_).
+  struct ForwardArgs {
+    const int32_t *token_ids = nullptr, *positions = nullptr, *seq_of_token = nullptr;
+    const int32_t *block_tables = nullptr, *logit_rows = nullptr;
+    const int64_t* slots = nullptr;
+    int64_t tokens = 0, rows = 0;
+    int num_seqs = 1, max_blocks = 1;
+    bool whole_prefill = false;
+    std::vector<int32_t> seq_lens;
+  };
+  static ForwardArgs forward_pointers(const StepMeta& meta, const int32_t* words) {
+    ForwardArgs a;
+    a.token_ids = words + meta.token_ids;
+    a.positions = words + meta.positions;
+    a.seq_of_token = words + meta.seq_of_token;
+    a.slots = reinterpret_cast<const int64_t*>(words + meta.slots);
+    a.block_tables = words + meta.block_tables;
+    a.logit_rows = words + meta.logit_rows;
+    return a;
+  }
+
   StepOutput run(const StepBatch& batch, const PackedBatch& packed) {
-    const int64_t T = packed.num_tokens, H = config_.hidden_size, D = config_.head_dim;
-    const int heads = config_.num_heads, kv_heads = config_.num_kv_heads;
+    if (graphs_enabled_) {
+      const int bucket = decode_bucket(batch);
+      if (bucket > 0) return run_decode_graph(batch, bucket);
+    }
+    const int64_t T = packed.num_tokens;
     int64_t rows = 0;
     int max_blocks = 1;
     StepMeta meta = build_meta(batch, packed, &rows, &max_blocks);
@@ -401,21 +502,176 @@ class GpuModelRunner final : public ModelRunner {
     meta_.resize(meta.words.size() * 4);
     MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(meta_.get(), meta.words.data(), meta.words.size() * 4,
                                        cudaMemcpyHostToDevice, stream_));
-    const int32_t* words = meta_.get<int32_t>();
-    const int32_t* token_ids = words + meta.token_ids;
-    const int32_t* positions = words + meta.positions;
-    const int32_t* seq_of_token = words + meta.seq_of_token;
-    const int64_t* slots = reinterpret_cast<const int64_t*>(words + meta.slots);
-    const int32_t* block_tables = words + meta.block_tables;
-    const int32_t* logit_rows = words + meta.logit_rows;
-
+    ForwardArgs a = forward_pointers(meta, meta_.get<int32_t>());
+    a.tokens = T;
+    a.rows = rows;
+    a.num_seqs = static_cast<int>(std::max<size_t>(batch.chunks.size(), 1));
+    a.max_blocks = max_blocks;
     // Whole-sequence prefill (every chunk starts at position 0): cuDNN over the step's packed K/V.
-    bool whole_prefill = cudnn_ != nullptr && T > 0;
-    std::vector<int32_t> seq_lens;
+    a.whole_prefill = cudnn_ != nullptr && T > 0;
     for (const auto& chunk : batch.chunks) {
-      whole_prefill &= chunk.start_position == 0;
-      seq_lens.push_back(static_cast<int32_t>(chunk.tokens.size()));
+      a.whole_prefill &= chunk.start_position == 0;
+      a.seq_lens.push_back(static_cast<int32_t>(chunk.tokens.size()));
     }
+    launch_forward(a);
+    std::vector<int64_t> wanted;
+    for (int64_t r = 0; r < rows; ++r) wanted.push_back(r);
+    return fetch_logits(rows, wanted);
+  }
+
+  // ---- CUDA graphs for decode steps ------------------------------------------------------------
+  // NOTES: a decode step (every chunk one new token) of n <= max bucket sequences replays the graph of
+  // the smallest bucket b >= n (captured on first use, no execution during capture, so capturing is
+  // not collective). Graph inputs live in graph_meta_, laid out for the largest bucket and
+  // graph_blocks_per_seq_ table entries per sequence, so every graph reads the same addresses; the
+  // host writes them before each replay. Padding rows n..b-1: token 0 at position 0, KV slot -1 (no
+  // cache write), a block table of zeros (reads block 0), its own sequence index; their outputs are
+  // dropped. A step's MoE forward runs b tokens (T is fixed in the graph); the padding's experts do
+  // useless but harmless work. Graphs point at the work buffers: reserve() growing them bumps
+  // buffer_generation_, and a stale graph is captured again.
+  int decode_bucket(const StepBatch& batch) const {
+    if (batch.chunks.empty()) return -1;
+    for (const auto& chunk : batch.chunks) {
+      if (chunk.tokens.size() != 1) return -1;
+      if (static_cast<int>(chunk.block_table.size()) > graph_blocks_per_seq_) return -1;
+    }
+    return pick_decode_bucket(graph_buckets_, static_cast<int>(batch.chunks.size()));
+  }
+
+  // Offsets of the graph metadata for `capacity` sequences (one token each).
+  StepMeta graph_meta_layout(int capacity) const {
+    StepMeta m;
+    const size_t B = static_cast<size_t>(capacity);
+    m.token_ids = 0;
+    m.positions = B;
+    m.seq_of_token = 2 * B;
+    m.slots = (3 * B + 1) & ~size_t{1};
+    m.block_tables = m.slots + 2 * B;
+    m.logit_rows = m.block_tables + B * static_cast<size_t>(graph_blocks_per_seq_);
+    m.words.assign(m.logit_rows + B, 0);
+    return m;
+  }
+
+  StepOutput run_decode_graph(const StepBatch& batch, int bucket) {
+    const StepMeta& meta = graph_meta_host_;  // layout for the largest bucket; words reused step to step
+    std::vector<int32_t>& words = graph_meta_host_.words;
+    const int n = static_cast<int>(batch.chunks.size());
+    for (int i = 0; i < bucket; ++i) {
+      words[meta.seq_of_token + i] = i;
+      words[meta.logit_rows + i] = i;
+      int32_t* row_table = words.data() + meta.block_tables + static_cast<size_t>(i) * graph_blocks_per_seq_;
+      int64_t slot = -1;
+      if (i < n) {
+        // NOTES: table entries past the sequence's length keep older values; the kernel reads only
+        // entries of positions < its context, so they are never used.
+        const SequenceChunk& chunk = batch.chunks[i];
+        const int32_t position = chunk.start_position;
+        words[meta.token_ids + i] = chunk.tokens[0];
+        words[meta.positions + i] = position;
+        std::copy(chunk.block_table.begin(), chunk.block_table.end(), row_table);
+        slot = static_cast<int64_t>(chunk.block_table[position / options_.kv_block_size]) * options_.kv_block_size +
+               position % options_.kv_block_size;
+      } else {
+        words[meta.token_ids + i] = 0;
+        words[meta.positions + i] = 0;
+        row_table[0] = 0;
+      }
+      std::memcpy(&words[meta.slots + 2 * static_cast<size_t>(i)], &slot, sizeof(slot));
+    }
+    // Two copies: everything up to the bucket's block-table rows, and its logit rows.
+    const size_t head = meta.block_tables + static_cast<size_t>(bucket) * graph_blocks_per_seq_;
+    MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(graph_meta_.get(), words.data(), head * 4, cudaMemcpyHostToDevice, stream_));
+    MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(graph_meta_.get<int32_t>() + meta.logit_rows, words.data() + meta.logit_rows,
+                                       static_cast<size_t>(bucket) * 4, cudaMemcpyHostToDevice, stream_));
+    DecodeGraph& graph = decode_graph(bucket, meta);
+    if (graph.exec == nullptr) {  // capture failed: graphs are off now; this step runs eagerly
+      return eager_fallback(batch);
+    }
+    MEGAMOE_CUDA_CHECK(cudaGraphLaunch(graph.exec, stream_));
+    ++graph_replays_;
+    std::vector<int64_t> wanted;
+    for (int i = 0; i < n; ++i)
+      if (batch.chunks[i].want_logits) wanted.push_back(i);
+    return fetch_logits(n, wanted);
+  }
+
+  StepOutput eager_fallback(const StepBatch& batch) {
+    const BatchLimits limits{config_.max_position_embeddings, config_.vocab_size, options_.kv_block_size,
+                             num_kv_blocks_};
+    return run(batch, pack_step_batch(batch, limits));
+  }
+
+  struct DecodeGraph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t generation = -1;
+  };
+  // The graph of `bucket`, captured now when missing or stale. On a capture failure graphs are turned
+  // off (logged) and a graph with exec == nullptr is returned.
+  DecodeGraph& decode_graph(int bucket, const StepMeta& meta) {
+    DecodeGraph& graph = graphs_[bucket];
+    if (graph.exec != nullptr && graph.generation == buffer_generation_) return graph;
+    if (graph.exec != nullptr) MEGAMOE_CUDA_CHECK(cudaGraphExecDestroy(graph.exec));
+    graph.exec = nullptr;
+    reserve(bucket, bucket);  // before the capture: no reallocation inside it
+    ForwardArgs a = forward_pointers(meta, graph_meta_.get<int32_t>());
+    a.tokens = bucket;
+    a.rows = bucket;
+    a.num_seqs = bucket;
+    a.max_blocks = graph_blocks_per_seq_;
+    a.whole_prefill = false;
+    cudaGraph_t captured = nullptr;
+    MEGAMOE_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      launch_forward(a);
+    } catch (const Error& e) {
+      cudaStreamEndCapture(stream_, &captured);
+      if (captured) cudaGraphDestroy(captured);
+      cudaGetLastError();
+      graphs_.erase(bucket);
+      graphs_enabled_ = false;
+      std::fprintf(stderr, "megamoe: CUDA graphs off (capture of decode bucket %d failed): %s\n", bucket, e.what());
+      static DecodeGraph none;
+      return none;
+    }
+    MEGAMOE_CUDA_CHECK(cudaStreamEndCapture(stream_, &captured));
+    const cudaError_t status = cudaGraphInstantiate(&graph.exec, captured, 0);
+    cudaGraphDestroy(captured);
+    MEGAMOE_CUDA_CHECK(status);
+    graph.generation = buffer_generation_;
+    return graph;
+  }
+
+  // Copies logit rows [0, computed) to the host and returns those in `wanted` (in order).
+  StepOutput fetch_logits(int64_t computed, const std::vector<int64_t>& wanted) {
+    StepOutput output;
+    if (computed > 0 && !wanted.empty()) {
+      std::vector<float> host(static_cast<size_t>(computed) * config_.vocab_size);
+      MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), logits_.get(), host.size() * 4, cudaMemcpyDeviceToHost, stream_));
+      MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (int64_t r : wanted)
+        output.logits.emplace_back(host.begin() + r * config_.vocab_size, host.begin() + (r + 1) * config_.vocab_size);
+    } else {
+      MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    if (group_) group_->check_errors();  // a bounded wait in an EP kernel that expired, if any
+    return output;
+  }
+
+  // Everything of a step on the device, up to the logits in logits_ (rows a.rows): stream-ordered,
+  // no host synchronisation unless the MoE backend runs on the host (never under graph capture).
+  bool launch_forward(ForwardArgs& a) {
+    const int64_t T = a.tokens, H = config_.hidden_size, D = config_.head_dim;
+    const int heads = config_.num_heads, kv_heads = config_.num_kv_heads;
+    const int64_t rows = a.rows;
+    const int32_t* token_ids = a.token_ids;
+    const int32_t* positions = a.positions;
+    const int32_t* seq_of_token = a.seq_of_token;
+    const int64_t* slots = a.slots;
+    const int32_t* block_tables = a.block_tables;
+    const int32_t* logit_rows = a.logit_rows;
+    bool& whole_prefill = a.whole_prefill;
+    const std::vector<int32_t>& seq_lens = a.seq_lens;
+    const int max_blocks = a.max_blocks;
 
     gpu::embedding(embed_.get<uint16_t>(), config_.vocab_size, H, token_ids, T, x_.get<float>(), stream_);
     const uint16_t* pending_bf16 = nullptr;  // MoE output not yet added into x
@@ -468,7 +724,7 @@ class GpuModelRunner final : public ModelRunner {
         attn.seq_of_token = seq_of_token;
         attn.positions = positions;
         attn.tokens = T;
-        attn.num_seqs = static_cast<int>(std::max<size_t>(batch.chunks.size(), 1));
+        attn.num_seqs = a.num_seqs;
         attn.max_blocks_per_seq = max_blocks;
         attn.heads = heads;
         attn.kv_heads = kv_heads;
@@ -503,7 +759,6 @@ class GpuModelRunner final : public ModelRunner {
       }
     }
 
-    StepOutput output;
     if (rows > 0) {
       gpu::ResidualNormArgs norm;
       norm.x = x_.get<float>();
@@ -519,17 +774,8 @@ class GpuModelRunner final : public ModelRunner {
       const void* head = tied_ ? embed_.get() : lm_head_.get();
       gemm(last_normed_.get(), CUDA_R_16BF, rows, H, head, CUDA_R_16BF, config_.vocab_size, logits_.get(),
            CUDA_R_32F, false);
-      std::vector<float> host(static_cast<size_t>(rows) * config_.vocab_size);
-      MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), logits_.get(), host.size() * 4, cudaMemcpyDeviceToHost, stream_));
-      MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      for (int64_t r = 0; r < rows; ++r) {
-        output.logits.emplace_back(host.begin() + r * config_.vocab_size, host.begin() + (r + 1) * config_.vocab_size);
-      }
-    } else {
-      MEGAMOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
-    if (group_) group_->check_errors();  // a bounded wait in an EP kernel that expired, if any
-    return output;
+    return pending_f32 != nullptr;
   }
 
   // cuDNN over the step's packed K/V; false (and cuDNN off from now on) when cuDNN rejects the shape
@@ -606,6 +852,7 @@ class GpuModelRunner final : public ModelRunner {
   WeightFormat expert_format_ = WeightFormat::kBf16;
   std::unique_ptr<EpGroup> own_group_;  // single rank, when RunnerOptions::ep is null
   EpGroup* group_ = nullptr;            // the GPU backends' group (options.ep or own_group_)
+  std::shared_ptr<MoeWorkspace> moe_workspace_;  // shared by every layer's backend
   std::vector<std::unique_ptr<MoeBackend>> backends_;
   std::vector<MoeBackend*> backend_of_layer_;
   bool host_moe_ = false;
@@ -615,6 +862,20 @@ class GpuModelRunner final : public ModelRunner {
   bool tied_ = false;
   std::vector<GpuLayer> layers_;
 
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  // Left free by --gpu-memory-utilization sizing for what is allocated after it: cuDNN plan
+  // workspaces (per prefill shape) and CUDA graph instantiation.
+  static constexpr int64_t kKvReserveBytes = int64_t{512} << 20;
+  int num_kv_blocks_ = 0;
+  std::string memory_report_, kv_plan_line_;
+  DeviceBuffer cublas_workspace_;
+  bool graphs_enabled_ = false;
+  std::vector<int> graph_buckets_;
+  int graph_blocks_per_seq_ = 0;
+  DeviceBuffer graph_meta_;
+  StepMeta graph_meta_host_;  // host words of graph_meta_ (layout for the largest bucket)
+  std::map<int, DecodeGraph> graphs_;
+  int64_t buffer_generation_ = 0, graph_replays_ = 0;
   int64_t reserved_tokens_ = 0, reserved_rows_ = 0;
   DeviceBuffer x_, normed_, normed_f32_, qkv_, q_, k_packed_, v_packed_, attn_, gate_up_, act_, moe_out_;
   DeviceBuffer router_logits_, topk_ids_, topk_weights_, last_normed_, logits_, meta_;

@@ -43,7 +43,8 @@ void residual_rms_norm(const ResidualNormArgs& args, StreamHandle stream);
 // From the fused projection qkv bf16 [T, (Hq + 2 Hkv) D]: optional per-head RMSNorm of q and k
 // (fp32 weights [D]), RoPE (rotate-half, cos/sin tables [max_position, D/2] fp32) at positions[t],
 // then q -> q_out bf16 [T, Hq, D]; k, v -> the paged cache bf16 [num_blocks, block_size, Hkv, D] at
-// slot_mapping[t] (= block * block_size + offset) and, when non-null, packed k_out/v_out [T, Hkv, D].
+// slot_mapping[t] (= block * block_size + offset; a negative slot writes nothing to the cache: the
+// padding tokens of a CUDA-graph decode bucket) and, when non-null, packed k_out/v_out [T, Hkv, D].
 struct QkvPrepareArgs {
   const uint16_t* qkv = nullptr;
   int64_t tokens = 0;

@@ -41,6 +41,16 @@ struct RunnerOptions {
   // whole-sequence prefills: "auto" (cuDNN when available, else ours), "cudnn" (required), "paged" (ours).
   int cuda_device = 0;
   std::string attention = "auto";
+  // GPU runner, KV cache size: with kv_cache_from_memory (the CLI's default unless --num-kv-blocks is
+  // given) num_kv_blocks is ignored and the cache takes gpu_memory_utilization x total device memory
+  // minus what is in use after the weights, MoE workspaces and activation buffers (vLLM's rule;
+  // engine/gpu_plan.h). The CPU runner always uses num_kv_blocks.
+  bool kv_cache_from_memory = false;
+  double gpu_memory_utilization = 0.9;
+  // GPU runner: decode steps (every chunk one token) of at most max_graph_batch sequences replay a
+  // CUDA graph captured per batch-size bucket (gpu_plan.h), unless enforce_eager.
+  bool enforce_eager = false;
+  int max_graph_batch = 256;
 };
 
 // Reads <model_dir>/config.json (+ overrides) and the weights (or dummy ones with load.load_format ==

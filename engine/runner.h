@@ -63,6 +63,11 @@ class ModelRunner {
   virtual std::vector<int32_t> step_and_sample(const StepBatch& batch, const std::vector<ChunkSampling>& sampling);
   // Non-empty once the runner can never step again (a serve worker process died): why.
   virtual std::string failure() const { return {}; }
+  // Diagnostics (GPU runner; empty / 0 elsewhere): device memory by use and the KV cache plan, and
+  // the decode CUDA graphs captured (one per batch-size bucket) and replayed so far.
+  virtual std::string memory_report() const { return {}; }
+  virtual int decode_graphs_captured() const { return 0; }
+  virtual int64_t decode_graph_replays() const { return 0; }
 };
 
 // Sampling parameters of one request (OpenAI-shaped).

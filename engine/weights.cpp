@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <thread>
 
 #include "engine/safetensors.h"
@@ -317,6 +318,40 @@ std::unique_ptr<WeightSource> make_dummy_source(const ModelConfig& config, uint6
   return std::make_unique<DummySource>(config, seed);
 }
 
+namespace {
+
+// Reading (or generating) and quantizing an expert is the CPU-heavy part of loading a full-size model
+// (Qwen3-30B-A3B: 3072 experts per rank at EP2), so a layer's experts are produced by several threads
+// at once, in batches (bounded host memory), and handed to the backend in order on this thread
+// (load_expert uploads synchronously and is not thread-safe). WeightSource::expert is const and
+// reads immutable data (mmap'ed files, seeded streams): safe to call concurrently.
+void load_layer_experts(const WeightSource& source, int layer, MoeBackend& backend, WeightFormat format) {
+  const int count = backend.num_local_experts(), first = backend.first_local_expert();
+  const int threads = std::max(1, std::min<int>({count, static_cast<int>(std::thread::hardware_concurrency()), 16}));
+  for (int begin = 0; begin < count; begin += threads) {
+    const int batch = std::min(threads, count - begin);
+    std::vector<ExpertWeights> produced(batch);
+    std::vector<std::exception_ptr> errors(batch);
+    std::vector<std::thread> pool;
+    for (int i = 0; i < batch; ++i) {
+      pool.emplace_back([&, i] {
+        try {
+          produced[i] = source.expert(layer, first + begin + i, format);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& thread : pool) thread.join();
+    for (int i = 0; i < batch; ++i) {
+      if (errors[i]) std::rethrow_exception(errors[i]);  // the lowest expert's error, as a serial load
+      backend.load_expert(begin + i, produced[i]);
+    }
+  }
+}
+
+}  // namespace
+
 ModelWeights load_model_weights(const ModelConfig& config, const WeightSource& source,
                                 const std::vector<MoeBackend*>& moe_layers, WeightFormat expert_format,
                                 bool progress) {
@@ -351,9 +386,7 @@ ModelWeights load_model_weights(const ModelConfig& config, const WeightSource& s
       const std::string block_sparse = p + "block_sparse_moe.gate.weight";
       lw.router = source.dense(source.has(block_sparse) ? block_sparse : p + "mlp.gate.weight",
                                {config.num_experts, H});
-      for (int local = 0; local < backend->num_local_experts(); ++local) {
-        backend->load_expert(local, source.expert(layer, backend->first_local_expert() + local, expert_format));
-      }
+      load_layer_experts(source, layer, *backend, expert_format);
     } else {
       const int64_t I = config.intermediate_size;
       const std::vector<float> gate = source.dense(p + "mlp.gate_proj.weight", {I, H});

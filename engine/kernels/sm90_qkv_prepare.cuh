@@ -42,7 +42,7 @@ qkv_prepare_kernel(const __nv_bfloat16* __restrict__ qkv, int heads, int kv_head
       const int kvh = h - heads - kv_heads;
       for (int i = lane; i < D; i += 32) {
         const __nv_bfloat16 v = src[i];
-        v_cache[(slot * kv_heads + kvh) * D + i] = v;
+        if (slot >= 0) v_cache[(slot * kv_heads + kvh) * D + i] = v;
         if (v_out) v_out[(t * kv_heads + kvh) * D + i] = v;
       }
       continue;
@@ -74,7 +74,7 @@ qkv_prepare_kernel(const __nv_bfloat16* __restrict__ qkv, int heads, int kv_head
         q_out[(t * heads + h) * D + i] = r;
       } else {
         const int kvh = h - heads;
-        k_cache[(slot * kv_heads + kvh) * D + i] = r;
+        if (slot >= 0) k_cache[(slot * kv_heads + kvh) * D + i] = r;
         if (k_out) k_out[(t * kv_heads + kvh) * D + i] = r;
       }
     }

@@ -73,6 +73,10 @@ class EpDispatcher {
   EpDispatcher& operator=(const EpDispatcher&) = delete;
 
   const EpDispatchConfig& config() const;
+  // Memory this dispatcher holds on this rank: cudaMalloc'ed scratch (grouped rows, counters) and
+  // its symmetric window (docs/ep.md has the formulas).
+  size_t device_bytes() const;
+  size_t symmetric_bytes() const;
   // hidden [T, H] bf16, topk_ids [T, k] int32, topk_weights [T, k] f32, all on the GPU; T <= C.
   void dispatch(const TensorView& hidden, const TensorView& topk_ids, const TensorView& topk_weights,
                 StreamHandle stream);

@@ -8,7 +8,10 @@
 // instead of the GEMM 2 output, as DeepSeek-V4 does.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -90,12 +93,66 @@ class MoeBackend {
   virtual void destroy() = 0;
 };
 
+// Device scratch and symmetric EP windows shared by MoE layers that run one after another on one
+// stream -- a model's layers. A backend's memory splits into
+//   per layer : its experts' weights (and nothing else);
+//   shared    : the EP window (dispatch/combine regions), the grouped activations, the GEMM-1 output,
+//               the expert outputs and the kernels' counters, sized by the geometry (H, I, E, top_k,
+//               capacity, ranks, format), not by the number of layers.
+// Layers never overlap in time (each forward is stream-ordered after the previous one, and the EP
+// protocol's epochs live in the shared state), so one shared set serves all of them; a forward may
+// be captured in a CUDA graph as before. docs/moe_workspace.md lists every region's size formula.
+//
+//   auto ws = make_moe_workspace();                        // one per process (per GPU)
+//   for (layer ...) layers.push_back(make_backend("mega", config, ep, ws));  // same order on every rank
+//   ws->device_bytes();                                    // shared bytes, counted once
+//
+// A torch engine keeps one MoeWorkspace next to its process group and hands it to every MoE layer
+// module; each module still owns its backend (weights). Layers share a region when backend, geometry
+// and EpGroup match; a backend made with a null EpGroup bootstraps a private group and so shares
+// nothing. Creating a region is collective when it allocates symmetric memory: every rank must
+// create its layers in the same order.
+class MoeWorkspace {
+ public:
+  // What a backend keeps in the workspace (derived per backend); the sizes are for reports.
+  struct Shared {
+    virtual ~Shared() = default;
+    size_t device_bytes = 0;     // cudaMalloc'ed scratch on this rank
+    size_t symmetric_bytes = 0;  // this rank's part of symmetric windows (EpGroup::allocate)
+  };
+  struct Region {
+    std::string key;
+    size_t device_bytes = 0, symmetric_bytes = 0;
+    int users = 0;  // backends alive that use it
+  };
+
+  MoeWorkspace() = default;
+  MoeWorkspace(const MoeWorkspace&) = delete;
+  MoeWorkspace& operator=(const MoeWorkspace&) = delete;
+
+  // Backend side: the region for `key` (backend name + everything its sizes depend on + the group),
+  // made by `create` on first use and kept for the workspace's lifetime.
+  std::shared_ptr<Shared> acquire(const std::string& key, const std::function<std::shared_ptr<Shared>()>& create);
+  std::vector<Region> regions() const;
+  size_t device_bytes() const;     // sum over regions
+  size_t symmetric_bytes() const;  // sum over regions
+  // Frees every region now (its users must be destroyed first); idempotent.
+  void release();
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::pair<std::string, std::shared_ptr<Shared>>> regions_;
+};
+std::shared_ptr<MoeWorkspace> make_moe_workspace();
+
 // Backend names are normalised (case, '-' vs '_'); aliases: "ref"/"cpu" -> reference,
 // "staged"/"unfused" -> staged, "mega"/"megamoe"/"fused" -> mega.
 std::string normalize_backend_name(std::string_view name);
 std::vector<std::string> backend_names();
 // `ep` may be null for single-rank use. Throws megamoe::Error listing the reason when the backend
-// cannot run `config` on the group.
-std::unique_ptr<MoeBackend> make_backend(std::string_view name, const MoeConfig& config, EpGroup* ep);
+// cannot run `config` on the group. With `workspace`, the backend takes its scratch and EP window
+// from it (shared with the other layers using it); without, it allocates its own (one layer).
+std::unique_ptr<MoeBackend> make_backend(std::string_view name, const MoeConfig& config, EpGroup* ep,
+                                         std::shared_ptr<MoeWorkspace> workspace = nullptr);
 
 }  // namespace megamoe

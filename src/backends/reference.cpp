@@ -406,7 +406,9 @@ backends::BackendEntry reference_entry(const char* name, Accumulation accumulati
   entry.name = name;
   entry.capabilities = [] { return ReferenceBackend::reference_capabilities(); };
   entry.unavailable_reason = [] { return std::string(); };
-  entry.create = [accumulation](const MoeConfig& config, EpGroup* ep) -> std::unique_ptr<MoeBackend> {
+  // The reference backend keeps no scratch between forwards: nothing to share in a MoeWorkspace.
+  entry.create = [accumulation](const MoeConfig& config, EpGroup* ep,
+                                std::shared_ptr<MoeWorkspace>) -> std::unique_ptr<MoeBackend> {
     MEGAMOE_CHECK(ep == nullptr, "backend reference runs on a single rank: pass ep = nullptr (ranks must be 1)");
     return make_reference_backend(config, ReferenceOptions{accumulation});
   };

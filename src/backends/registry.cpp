@@ -137,7 +137,8 @@ std::vector<std::string> backend_names() {
   return names;
 }
 
-std::unique_ptr<MoeBackend> make_backend(std::string_view name, const MoeConfig& config, EpGroup* ep) {
+std::unique_ptr<MoeBackend> make_backend(std::string_view name, const MoeConfig& config, EpGroup* ep,
+                                         std::shared_ptr<MoeWorkspace> workspace) {
   const std::string canonical = normalize_backend_name(name);
   const std::vector<backends::BackendEntry> entries = backends::registered_backends();
   auto describe_all = [&] {
@@ -171,7 +172,7 @@ std::unique_ptr<MoeBackend> make_backend(std::string_view name, const MoeConfig&
   const Capabilities capabilities = found->capabilities();
   const std::string reject = capabilities.reject_reason(config, ep == nullptr ? 1 : capabilities.min_ranks);
   MEGAMOE_CHECK(reject.empty(), "backend '", canonical, "' cannot run this configuration: ", reject);
-  return found->create(config, ep);
+  return found->create(config, ep, std::move(workspace));
 }
 
 }  // namespace megamoe

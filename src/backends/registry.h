@@ -6,7 +6,8 @@
 //       .name = "staged",
 //       .capabilities = [] { return staged_capabilities(); },
 //       .unavailable_reason = [] { return std::string(); },  // e.g. "no CUDA device visible"
-//       .create = [](const MoeConfig& c, EpGroup* ep) -> std::unique_ptr<MoeBackend> { ... },
+//       .create = [](const MoeConfig& c, EpGroup* ep, std::shared_ptr<MoeWorkspace> ws)
+//                     -> std::unique_ptr<MoeBackend> { ... },   // ws may be null: no sharing
 //   });
 //
 // NOTES: registration runs during static initialisation of libmegamoe, which is a SHARED library for
@@ -28,7 +29,7 @@ struct BackendEntry {
   std::function<Capabilities()> capabilities;
   // Empty when the backend can be created in this process; else why not ("no CUDA device visible").
   std::function<std::string()> unavailable_reason;
-  std::function<std::unique_ptr<MoeBackend>(const MoeConfig&, EpGroup*)> create;
+  std::function<std::unique_ptr<MoeBackend>(const MoeConfig&, EpGroup*, std::shared_ptr<MoeWorkspace>)> create;
 };
 
 void register_backend(BackendEntry entry);

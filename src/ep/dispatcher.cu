@@ -16,6 +16,7 @@ struct EpDispatcher::Impl {
   kernels::EpParams params{};
   ReceivedTokens received;
   std::vector<void*> allocations;
+  size_t allocated_bytes = 0;
   bool destroyed = false;
   int last_tokens = -1;
   std::array<cudaEvent_t, 7> marks{};  // kernel timing: 4 around dispatch, 3 around combine
@@ -26,6 +27,7 @@ struct EpDispatcher::Impl {
     MEGAMOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
     MEGAMOE_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(bytes, 16)));
     allocations.push_back(p);
+    allocated_bytes += std::max<size_t>(bytes, 16);
     return p;
   }
   void require_alive(const char* call) const {
@@ -101,6 +103,8 @@ EpDispatcher::~EpDispatcher() {
 }
 
 const EpDispatchConfig& EpDispatcher::config() const { return impl_->config; }
+size_t EpDispatcher::device_bytes() const { return impl_->allocated_bytes; }
+size_t EpDispatcher::symmetric_bytes() const { return impl_->window.bytes; }
 
 const ReceivedTokens& EpDispatcher::received() const {
   impl_->require_alive("received");

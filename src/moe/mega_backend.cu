@@ -25,9 +25,76 @@ using kernels::MegaMoeParams;
 using SmallTiles = kernels::sm90::GroupedGemmLayout<1, 1, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 64 x 256
 using LargeTiles = kernels::sm90::GroupedGemmLayout<1, 2, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 128 x 256
 
+// What mega layers share (MoeWorkspace): the symmetric window (make_mega_moe_layout), the grouped
+// activations, GEMM-1 output, row tables, the kernel's counters and its epoch, and the activation
+// tensor maps over them. max_rows = ranks * C * min(top_k, local experts).
+struct MegaScratch final : MoeWorkspace::Shared {
+  SymmetricBuffer window;  // freed by EpGroup::destroy (a collective)
+  MegaMoeParams params{};  // the shared fields only (see MegaBackend's constructor)
+  struct ActivationMaps {
+    CUtensorMap x, act;
+  } maps[2]{};
+  std::vector<void*> allocations;
+  ~MegaScratch() override {
+    for (void* p : allocations) cudaFree(p);
+  }
+  void* alloc(size_t bytes) {
+    void* ptr = nullptr;
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)));
+    MEGAMOE_CUDA_CHECK(cudaMemset(ptr, 0, std::max<size_t>(bytes, 16)));
+    allocations.push_back(ptr);
+    device_bytes += std::max<size_t>(bytes, 16);
+    return ptr;
+  }
+};
+
+std::string mega_scratch_key(const MoeConfig& c, const EpGroup& ep) {
+  return detail::concat("mega H=", c.hidden, " I=", c.intermediate, " E=", c.num_experts, " k=", c.top_k,
+                        " C=", c.max_tokens_per_rank, " group=", static_cast<const void*>(&ep), " ranks=", ep.size());
+}
+
+// Makes the shared region (collective: allocates the window).
+std::shared_ptr<MegaScratch> make_mega_scratch(const MoeConfig& config, EpGroup& ep) {
+  auto scratch = std::make_shared<MegaScratch>();
+  const int R = ep.size();
+  const int64_t H = config.hidden, I = config.intermediate, E = config.num_experts / R, C = config.max_tokens_per_rank;
+  const int64_t max_rows = R * C * std::min<int64_t>(config.top_k, E);
+  const kernels::MegaMoeLayout layout = kernels::make_mega_moe_layout(config.max_tokens_per_rank, config.hidden,
+                                                                       config.top_k, config.num_experts);
+  scratch->window = ep.allocate(layout.total);  // collective; zeroed
+  scratch->symmetric_bytes = scratch->window.bytes;
+  MegaMoeParams& p = scratch->params;
+  p.ctx = ep.device_context();
+  for (int r = 0; r < R; ++r) p.window[r] = static_cast<char*>(scratch->window.peers[r]);
+  p.layout = layout;
+  p.epoch = static_cast<uint64_t*>(scratch->alloc(sizeof(uint64_t)));
+  p.ctas_quantized = static_cast<uint32_t*>(scratch->alloc(sizeof(uint32_t)));
+  p.ctas_gathered = static_cast<uint32_t*>(scratch->alloc(sizeof(uint32_t)));
+  p.ctas_finished = static_cast<uint32_t*>(scratch->alloc(sizeof(uint32_t)));
+  p.expected_from = static_cast<uint32_t*>(scratch->alloc(sizeof(uint32_t) * kMaxEpRanks));
+  p.cursors = static_cast<int32_t*>(scratch->alloc(sizeof(int32_t) * E));
+  p.arrived = static_cast<uint64_t*>(scratch->alloc(sizeof(uint64_t) * E));
+  p.max_m_tiles = static_cast<int>((max_rows + SmallTiles::kBlockM - 1) / SmallTiles::kBlockM + E);
+  p.gemm1_done = static_cast<uint64_t*>(scratch->alloc(sizeof(uint64_t) * p.max_m_tiles));
+  p.grouped_x = static_cast<uint8_t*>(scratch->alloc(max_rows * H));
+  p.grouped_scales = static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (H / 128)));
+  p.sources = static_cast<RowSource*>(scratch->alloc(sizeof(RowSource) * max_rows));
+  p.row_weights = static_cast<float*>(scratch->alloc(sizeof(float) * max_rows));
+  p.act = static_cast<uint8_t*>(scratch->alloc(max_rows * I));
+  p.act_scales = static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (I / 128)));
+  p.max_rows = max_rows;
+  using kernels::detail::make_grouped_gemm_tensor_map;
+  for (int v = 0; v < 2; ++v) {
+    const uint32_t block_m = v == 0 ? SmallTiles::kBlockM : LargeTiles::kBlockM;
+    scratch->maps[v].x = make_grouped_gemm_tensor_map(p.grouped_x, H, max_rows, block_m);
+    scratch->maps[v].act = make_grouped_gemm_tensor_map(p.act, I, max_rows, block_m);
+  }
+  return scratch;
+}
+
 class MegaBackend final : public MoeBackend {
  public:
-  MegaBackend(const MoeConfig& config, EpGroup* ep) : config_(config) {
+  MegaBackend(const MoeConfig& config, EpGroup* ep, std::shared_ptr<MoeWorkspace> workspace) : config_(config) {
     const int ranks = ep ? ep->size() : 1;
     const std::string why = mega_reject_reason(config, ranks);
     MEGAMOE_CHECK(why.empty(), "backend mega cannot run this configuration: ", why);
@@ -48,19 +115,19 @@ class MegaBackend final : public MoeBackend {
     MEGAMOE_CHECK(max_rows < (int64_t{1} << 31), "ranks * max_tokens_per_rank * min(top_k, local experts) = ", max_rows,
                   " grouped rows must be < 2^31");
 
-    const kernels::MegaMoeLayout layout = kernels::make_mega_moe_layout(config.max_tokens_per_rank, config.hidden,
-                                                                         config.top_k, config.num_experts);
-    window_ = ep->allocate(layout.total);  // collective; zeroed
+    if (!workspace) workspace = make_moe_workspace();  // one layer: a private region
+    workspace_ = workspace;
+    scratch_ = std::static_pointer_cast<MegaScratch>(
+        workspace->acquire(mega_scratch_key(config, *ep), [&] { return make_mega_scratch(config, *ep); }));
 
     w13_ = alloc(E * 2 * I * H);
     w2_ = alloc(E * H * I);
     w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (2 * I / 128) * (H / 128)));
     w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (H / 128) * (I / 128)));
 
+    // Shared fields (window, counters, epoch, grouped rows, act) from the region; the rest is this layer's.
     MegaMoeParams& p = params_;
-    p.ctx = ep->device_context();
-    for (int r = 0; r < R; ++r) p.window[r] = static_cast<char*>(window_.peers[r]);
-    p.layout = layout;
+    p = scratch_->params;
     p.hidden = config.hidden;
     p.intermediate = config.intermediate;
     p.top_k = config.top_k;
@@ -73,29 +140,12 @@ class MegaBackend final : public MoeBackend {
     p.apply_topk_in_fc1 = config.apply_topk_in_fc1;
     p.w13_scales = w13_scales_;
     p.w2_scales = w2_scales_;
-    p.epoch = static_cast<uint64_t*>(alloc(sizeof(uint64_t)));
-    p.ctas_quantized = static_cast<uint32_t*>(alloc(sizeof(uint32_t)));
-    p.ctas_gathered = static_cast<uint32_t*>(alloc(sizeof(uint32_t)));
-    p.ctas_finished = static_cast<uint32_t*>(alloc(sizeof(uint32_t)));
-    p.expected_from = static_cast<uint32_t*>(alloc(sizeof(uint32_t) * kMaxEpRanks));
-    p.cursors = static_cast<int32_t*>(alloc(sizeof(int32_t) * E));
-    p.arrived = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * E));
-    p.max_m_tiles = static_cast<int>((max_rows + SmallTiles::kBlockM - 1) / SmallTiles::kBlockM + E);
-    p.gemm1_done = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * p.max_m_tiles));
-    p.grouped_x = static_cast<uint8_t*>(alloc(max_rows * H));
-    p.grouped_scales = static_cast<float*>(alloc(sizeof(float) * max_rows * (H / 128)));
-    p.sources = static_cast<RowSource*>(alloc(sizeof(RowSource) * max_rows));
-    p.row_weights = static_cast<float*>(alloc(sizeof(float) * max_rows));
-    p.act = static_cast<uint8_t*>(alloc(max_rows * I));
-    p.act_scales = static_cast<float*>(alloc(sizeof(float) * max_rows * (I / 128)));
-    p.max_rows = max_rows;
-
-    using kernels::detail::make_grouped_gemm_tensor_map;
+    MEGAMOE_CHECK(p.max_rows == max_rows, "mega workspace region has ", p.max_rows, " rows, expected ", max_rows);
     for (int v = 0; v < 2; ++v) {
-      const uint32_t block_m = v == 0 ? SmallTiles::kBlockM : LargeTiles::kBlockM;
-      maps_[v].x = make_grouped_gemm_tensor_map(p.grouped_x, H, max_rows, block_m);
-      maps_[v].act = make_grouped_gemm_tensor_map(p.act, I, max_rows, block_m);
+      maps_[v].x = scratch_->maps[v].x;
+      maps_[v].act = scratch_->maps[v].act;
     }
+    using kernels::detail::make_grouped_gemm_tensor_map;
     w13_map_ = make_grouped_gemm_tensor_map(w13_, H, E * 2 * I, 256);
     w2_map_ = make_grouped_gemm_tensor_map(w2_, I, E * H, 256);
     int device = 0;
@@ -182,7 +232,10 @@ class MegaBackend final : public MoeBackend {
     destroyed_ = true;
     for (void* ptr : allocations_) cudaFree(ptr);
     allocations_.clear();
-    // The symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
+    // The shared region stays with the workspace (other layers may use it); a private one goes now.
+    // Its symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
+    scratch_.reset();
+    workspace_.reset();
     if (own_group_) own_group_->destroy();
   }
 
@@ -204,7 +257,8 @@ class MegaBackend final : public MoeBackend {
   MoeConfig config_;
   std::unique_ptr<EpGroup> own_group_;
   EpGroup* ep_ = nullptr;
-  SymmetricBuffer window_;
+  std::shared_ptr<MoeWorkspace> workspace_;
+  std::shared_ptr<MegaScratch> scratch_;
   MegaMoeParams params_{};
   ActivationMaps maps_[2]{};
   CUtensorMap w13_map_{}, w2_map_{};
@@ -219,8 +273,9 @@ class MegaBackend final : public MoeBackend {
 
 }  // namespace
 
-std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep) {
-  return std::make_unique<MegaBackend>(config, ep);
+std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep,
+                                              std::shared_ptr<MoeWorkspace> workspace) {
+  return std::make_unique<MegaBackend>(config, ep, std::move(workspace));
 }
 
 namespace {
@@ -240,7 +295,9 @@ MEGAMOE_REGISTER_BACKEND(backends::BackendEntry{
       }
       return {};
     },
-    .create = [](const MoeConfig& c, EpGroup* ep) { return make_mega_backend(c, ep); },
+    .create = [](const MoeConfig& c, EpGroup* ep, std::shared_ptr<MoeWorkspace> ws) {
+      return make_mega_backend(c, ep, std::move(ws));
+    },
 });
 }  // namespace
 

@@ -17,6 +17,8 @@ std::string mega_reject_reason(const MoeConfig& config, int ranks);
 
 // `ep` may be null: the backend then bootstraps a private single-rank group. Throws megamoe::Error
 // with mega_reject_reason() when the configuration is unsupported.
-std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep);
+// `workspace` (may be null: a private one) holds the window and scratch layers share (moe.h).
+std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep,
+                                              std::shared_ptr<MoeWorkspace> workspace = nullptr);
 
 }  // namespace megamoe

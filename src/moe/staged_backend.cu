@@ -44,9 +44,36 @@ std::string staged_reject_reason(const MoeConfig& c, int ranks) {
   return {};
 }
 
+// What staged layers share (MoeWorkspace): the dispatcher (EP window + grouped rows + counters), the
+// GEMM-1 output, its scales and the GEMM-2 output. rows = ranks * C * min(top_k, local experts).
+struct StagedScratch final : MoeWorkspace::Shared {
+  std::unique_ptr<EpDispatcher> io;
+  void* act = nullptr;                    // [rows, I] fp8 (fp8/W4A8) or bf16
+  float* act_scales = nullptr;            // [rows, I/128] (fp8/W4A8)
+  __nv_bfloat16* y = nullptr;             // [rows, H] bf16
+  std::vector<void*> allocations;
+  ~StagedScratch() override {
+    if (io) io->destroy();
+    for (void* p : allocations) cudaFree(p);
+  }
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    MEGAMOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    allocations.push_back(p);
+    device_bytes += std::max<size_t>(bytes, 16);
+    return p;
+  }
+};
+
+std::string staged_scratch_key(const MoeConfig& c, const EpGroup& ep) {
+  return detail::concat("staged H=", c.hidden, " I=", c.intermediate, " E=", c.num_experts, " k=", c.top_k,
+                        " C=", c.max_tokens_per_rank, " format=", weight_format_name(c.weight_format), " group=",
+                        static_cast<const void*>(&ep), " ranks=", ep.size());
+}
+
 class StagedBackend final : public MoeBackend {
  public:
-  StagedBackend(const MoeConfig& config, EpGroup* ep) : config_(config) {
+  StagedBackend(const MoeConfig& config, EpGroup* ep, std::shared_ptr<MoeWorkspace> workspace) : config_(config) {
     const int ranks = ep ? ep->size() : 1;
     const std::string why = staged_reject_reason(config, ranks);
     MEGAMOE_CHECK(why.empty(), "backend staged cannot run this configuration: ", why);
@@ -62,17 +89,33 @@ class StagedBackend final : public MoeBackend {
     first_expert_ = ep->rank() * local_experts_;
     w4a8_ = config.weight_format == WeightFormat::kNvfp4 || config.weight_format == WeightFormat::kMxfp4;
     fp8_ = config.weight_format == WeightFormat::kFp8Block || w4a8_;  // FP8 activations
-    EpDispatchConfig dc;
-    dc.hidden = config.hidden;
-    dc.top_k = config.top_k;
-    dc.num_experts = config.num_experts;
-    dc.max_tokens_per_rank = config.max_tokens_per_rank;
-    dc.payload = fp8_ ? EpPayload::kFp8 : EpPayload::kBf16;
-    io_ = std::make_unique<EpDispatcher>(*ep, dc);
-
+    if (!workspace) workspace = make_moe_workspace();  // one layer: a private region
+    workspace_ = workspace;
     const int64_t H = config.hidden, I = config.intermediate, E = local_experts_;
-    const int64_t rows = io_->received().max_rows;
     const size_t wbytes = fp8_ ? 1 : 2;
+    const bool fp8 = fp8_;
+    scratch_ = std::static_pointer_cast<StagedScratch>(workspace->acquire(staged_scratch_key(config, *ep), [&] {
+      auto scratch = std::make_shared<StagedScratch>();
+      EpDispatchConfig dc;
+      dc.hidden = config.hidden;
+      dc.top_k = config.top_k;
+      dc.num_experts = config.num_experts;
+      dc.max_tokens_per_rank = config.max_tokens_per_rank;
+      dc.payload = fp8 ? EpPayload::kFp8 : EpPayload::kBf16;
+      scratch->io = std::make_unique<EpDispatcher>(*ep, dc);  // collective
+      scratch->device_bytes += scratch->io->device_bytes();
+      scratch->symmetric_bytes += scratch->io->symmetric_bytes();
+      const int64_t rows = scratch->io->received().max_rows;
+      if (fp8) scratch->act_scales = static_cast<float*>(scratch->alloc(sizeof(float) * rows * (I / 128)));
+      scratch->act = scratch->alloc(rows * I * wbytes);
+      scratch->y = static_cast<__nv_bfloat16*>(scratch->alloc(2 * rows * H));
+      return scratch;
+    }));
+    io_ = scratch_->io.get();
+    act_ = scratch_->act;
+    act_scales_ = scratch_->act_scales;
+    y_ = scratch_->y;
+
     if (w4a8_) {
       const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(config.weight_format, 2 * I, H);
       const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(config.weight_format, H, I);
@@ -82,7 +125,6 @@ class StagedBackend final : public MoeBackend {
       w2_group_scales_ = static_cast<uint8_t*>(alloc(E * s2.group_scale_bytes));
       w13_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s13.block_count * sizeof(kernels::W4a8BlockScale)));
       w2_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s2.block_count * sizeof(kernels::W4a8BlockScale)));
-      act_scales_ = static_cast<float*>(alloc(sizeof(float) * rows * (I / 128)));
     } else {
       w13_ = alloc(E * 2 * I * H * wbytes);
       w2_ = alloc(E * H * I * wbytes);
@@ -90,10 +132,7 @@ class StagedBackend final : public MoeBackend {
     if (fp8_ && !w4a8_) {
       w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
       w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * ((H + 127) / 128) * ((I + 127) / 128)));
-      act_scales_ = static_cast<float*>(alloc(sizeof(float) * rows * (I / 128)));
     }
-    act_ = alloc(rows * I * wbytes);
-    y_ = static_cast<__nv_bfloat16*>(alloc(2 * rows * H));
     loaded_.assign(E, false);
   }
   ~StagedBackend() override {
@@ -240,7 +279,10 @@ class StagedBackend final : public MoeBackend {
   void destroy() override {
     if (destroyed_) return;
     destroyed_ = true;
-    if (io_) io_->destroy();
+    // The shared region stays with the workspace (other layers may use it); a private one goes now.
+    io_ = nullptr;
+    scratch_.reset();
+    workspace_.reset();
     for (void* p : allocations_) cudaFree(p);
     allocations_.clear();
     if (own_group_) own_group_->destroy();
@@ -285,7 +327,9 @@ class StagedBackend final : public MoeBackend {
   MoeConfig config_;
   std::unique_ptr<EpGroup> own_group_;
   EpGroup* ep_ = nullptr;
-  std::unique_ptr<EpDispatcher> io_;
+  std::shared_ptr<MoeWorkspace> workspace_;
+  std::shared_ptr<StagedScratch> scratch_;
+  EpDispatcher* io_ = nullptr;  // scratch_->io
   int local_experts_ = 0, first_expert_ = 0;
   bool fp8_ = false, w4a8_ = false, destroyed_ = false, warmed_up_ = false;
   std::vector<bool> loaded_;
@@ -311,8 +355,9 @@ Capabilities staged_capabilities() {
   return c;
 }
 
-std::unique_ptr<MoeBackend> make_staged_backend(const MoeConfig& config, EpGroup* ep) {
-  return std::make_unique<StagedBackend>(config, ep);
+std::unique_ptr<MoeBackend> make_staged_backend(const MoeConfig& config, EpGroup* ep,
+                                                std::shared_ptr<MoeWorkspace> workspace) {
+  return std::make_unique<StagedBackend>(config, ep, std::move(workspace));
 }
 
 namespace {
@@ -327,7 +372,9 @@ MEGAMOE_REGISTER_BACKEND(backends::BackendEntry{
       }
       return {};
     },
-    .create = [](const MoeConfig& c, EpGroup* ep) { return make_staged_backend(c, ep); },
+    .create = [](const MoeConfig& c, EpGroup* ep, std::shared_ptr<MoeWorkspace> ws) {
+      return make_staged_backend(c, ep, std::move(ws));
+    },
 });
 }  // namespace
 

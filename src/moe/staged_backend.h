@@ -8,9 +8,11 @@
 
 namespace megamoe {
 
-// `ep` may be null: the backend then bootstraps a private single-rank group. Throws megamoe::Error
-// with the reason when the configuration is unsupported.
-std::unique_ptr<MoeBackend> make_staged_backend(const MoeConfig& config, EpGroup* ep);
+// `ep` may be null: the backend then bootstraps a private single-rank group. `workspace` (may be
+// null: a private one) holds the scratch layers share (moe.h, docs/moe_workspace.md). Throws
+// megamoe::Error with the reason when the configuration is unsupported.
+std::unique_ptr<MoeBackend> make_staged_backend(const MoeConfig& config, EpGroup* ep,
+                                                std::shared_ptr<MoeWorkspace> workspace = nullptr);
 Capabilities staged_capabilities();
 
 }  // namespace megamoe

@@ -37,13 +37,13 @@ MEGAMOE_REGISTER_BACKEND(backends::BackendEntry{
     .name = "Test-Unavailable",
     .capabilities = silu_bf16_only,
     .unavailable_reason = [] { return std::string("no CUDA device visible (test)"); },
-    .create = [](const MoeConfig&, EpGroup*) -> std::unique_ptr<MoeBackend> { return nullptr; },
+    .create = [](const MoeConfig&, EpGroup*, std::shared_ptr<MoeWorkspace>) -> std::unique_ptr<MoeBackend> { return nullptr; },
 });
 MEGAMOE_REGISTER_BACKEND(backends::BackendEntry{
     .name = "test_limited",
     .capabilities = silu_bf16_only,
     .unavailable_reason = nullptr,
-    .create = [](const MoeConfig&, EpGroup*) -> std::unique_ptr<MoeBackend> { return nullptr; },
+    .create = [](const MoeConfig&, EpGroup*, std::shared_ptr<MoeWorkspace>) -> std::unique_ptr<MoeBackend> { return nullptr; },
 });
 
 MoeConfig small_config() {

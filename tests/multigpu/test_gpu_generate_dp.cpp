@@ -71,4 +71,31 @@ TEST(GpuGenerate, DataParallel2ExpertParallel2MatchesOneGpu) {
   }
 }
 
+// Decode steps replay CUDA graphs by default (one per batch-size bucket, every MoE layer's collective
+// inside); --enforce-eager runs them eagerly: same tokens on every rank, staged and mega (FP8 experts).
+TEST(GpuGenerate, DataParallel2DecodeGraphsEqualEager) {
+  MEGAMOE_REQUIRE_GPUS(2);
+  const std::string model = std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen3-moe";
+  for (const std::string backend : {"staged", "mega"}) {
+    const std::string common =
+        "generate " + model + " --moe-backend " + backend +
+        " --quantization fp8 --load-format dummy --seed 6 --max-tokens 16 --ignore-eos --block-size 16"
+        " --max-num-batched-tokens 256 --gpu-memory-utilization 0.3 --data-parallel-size 2 --enable-expert-parallel"
+        " --hf-overrides '{\"hidden_size\": 256, \"moe_intermediate_size\": 128, \"intermediate_size\": 256,"
+        " \"head_dim\": 128, \"num_attention_heads\": 4, \"num_key_value_heads\": 2}'"
+        " --prompt-ids 3,14,15,92,65,35 --prompt-ids 271,828,182,845,904,523,536,28,747";
+    const CommandResult graphs = run_megamoe(common);
+    const CommandResult eager = run_megamoe(common + " --enforce-eager");
+    ASSERT_EQ(graphs.exit_code, 0) << graphs.output;
+    ASSERT_EQ(eager.exit_code, 0) << eager.output;
+    std::printf("%s", graphs.output.c_str());
+    for (int r = 0; r < 2; ++r) {
+      const std::string prefix = "rank " + std::to_string(r) + " ";
+      ASSERT_FALSE(generated(graphs.output, prefix).empty()) << graphs.output;
+      EXPECT_EQ(generated(graphs.output, prefix), generated(eager.output, prefix)) << backend << " rank " << r;
+    }
+    EXPECT_NE(graphs.output.find("decode graphs"), std::string::npos) << graphs.output;
+  }
+}
+
 }  // namespace

@@ -9,6 +9,10 @@
 #include <random>
 #include <sstream>
 
+#ifdef MEGAMOE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include "engine/cli_options.h"
 #include "engine/generate.h"
 #include "engine/gpu_model.h"
@@ -95,7 +99,7 @@ int run(GenerateArgs& args) {
   megamoe::engine::GenerateOptions generate_options;
   generate_options.prefill_chunk = args.prefill_chunk;
   std::vector<int32_t> out;
-  double best_prefill = 1e30, total_seconds = 0;
+  double best_prefill = 1e30, best_decode_step = 1e30, total_seconds = 0;
   for (int r = 0; r < args.repeat; ++r) {
     megamoe::engine::GenerateStats stats;
     generate_options.stats = &stats;
@@ -103,7 +107,25 @@ int run(GenerateArgs& args) {
     out = megamoe::engine::generate(*runner, prompt, args.sampling, generate_options);
     total_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     best_prefill = std::min(best_prefill, stats.prefill_seconds);
+    if (out.size() > 1) best_decode_step = std::min(best_decode_step, stats.decode_seconds / (out.size() - 1));
   }
+  std::string memory = runner->memory_report();
+#ifdef MEGAMOE_WITH_CUDA
+  if (!memory.empty()) {
+    // NOTES: the runner allocates up front (weights, workspaces, activations, KV cache) and frees
+    // nothing while it runs, so memory in use after the run is the run's peak (cuDNN plan workspaces
+    // and graphs included).
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      char line[160];
+      std::snprintf(line, sizeof(line), "\npeak device memory: %.2f GiB of %.2f GiB",
+                    (total_bytes - free_bytes) / 1073741824.0, total_bytes / 1073741824.0);
+      memory += line;
+    }
+  }
+#endif
+  const int graphs = runner->decode_graphs_captured();
+  const long long replays = static_cast<long long>(runner->decode_graph_replays());
   runner.reset();  // the MoE backends use the group
 #ifdef MEGAMOE_WITH_CUDA
   if (group) group->destroy();
@@ -115,6 +137,13 @@ int run(GenerateArgs& args) {
               "(best of %d)\n",
               prefix.c_str(), std::chrono::duration<double>(loaded - start).count(), total_seconds, prompt.size(),
               out.size(), best_prefill, static_cast<double>(prompt.size()) / best_prefill, args.repeat);
+  if (!memory.empty()) {
+    std::printf("%sdecode graphs: %d captured, %lld replays%s; decode %.3f ms per step (best of %d)\n", prefix.c_str(),
+                graphs, replays, options.enforce_eager ? " (--enforce-eager)" : "",
+                best_decode_step < 1e29 ? best_decode_step * 1000 : 0.0, args.repeat);
+    std::istringstream lines(memory);
+    for (std::string line; std::getline(lines, line);) std::printf("%s%s\n", prefix.c_str(), line.c_str());
+  }
   std::fflush(stdout);
   return 0;
 }

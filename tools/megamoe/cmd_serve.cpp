@@ -29,8 +29,7 @@ struct ServeFlags {
   std::string served_model_name, host = "127.0.0.1", tokenizer;
   int port = 8000, data_parallel_size = 1, max_model_len = 0, max_num_seqs = 256;
   int max_queued_requests = 4096, http_threads = 512;
-  double gpu_memory_utilization = 0.9;
-  bool enable_expert_parallel = false, enforce_eager = false;
+  bool enable_expert_parallel = false;
   bool worker_processes = false;              // one worker process per rank (server/worker_process.h)
   int worker_start_timeout_s = 600;
 };
@@ -100,12 +99,10 @@ int run(const ServeFlags& f) {
                 f.engine.runner.moe_backend, ": the CPU runner shards experts over in-process ranks with --moe-backend "
                 "reference only");
   const bool cpu_expert_parallel = expert_parallel && !f.worker_processes;
-  MEGAMOE_CHECK(f.gpu_memory_utilization > 0 && f.gpu_memory_utilization <= 1, "--gpu-memory-utilization ",
-                f.gpu_memory_utilization, " must be in (0, 1]");
   const std::string& model = f.engine.model;
   auto tokenizer = megamoe::server::Tokenizer::from_file(f.tokenizer.empty() ? model : f.tokenizer);
   megamoe::engine::RunnerOptions runner_options = f.engine.resolve();
-  if (!f.kv_blocks_given) {
+  if (!f.kv_blocks_given && device == "cpu") {
     // NOTES: the CPU runner's cache lives in host memory; by default it holds four sequences of the
     // full context (the scheduler preempts beyond that), not a GPU-sized pool.
     const int context = f.max_model_len > 0 ? f.max_model_len
@@ -165,7 +162,7 @@ int run(const ServeFlags& f) {
                f.worker_processes ? " (worker processes)" : "", engine.max_model_len(),
                f.max_num_seqs, engine_options.max_num_batched_tokens, kv_blocks,
                kv_block_size,
-               f.enforce_eager ? " | enforce-eager" : "");
+               runner_options.enforce_eager ? " | enforce-eager" : "");
   server.serve();
   // serve() also returns when the socket fails; then wake the signal thread so it can be joined.
   if (!signalled) pthread_kill(signal_waiter.native_handle(), SIGTERM);
@@ -187,8 +184,6 @@ MEGAMOE_SUBCOMMAND("", "serve", "OpenAI-compatible server: megamoe serve MODEL_D
                      app.add_flag("--enable-expert-parallel", f->enable_expert_parallel, "shard experts over the ranks");
                      app.add_option("--max-model-len", f->max_model_len, "context limit (default: the model's)");
                      app.add_option("--max-num-seqs", f->max_num_seqs, "running sequences per rank")->capture_default_str();
-                     app.add_option("--gpu-memory-utilization", f->gpu_memory_utilization, "GPU memory fraction (GPU runner)")->capture_default_str();
-                     app.add_flag("--enforce-eager", f->enforce_eager, "no CUDA graphs (GPU runner)");
                      app.add_option("--tokenizer", f->tokenizer, "tokenizer.json or its directory (default: MODEL)");
                      app.add_option("--max-queued-requests", f->max_queued_requests, "requests in the engine before 503")->capture_default_str();
                      app.add_flag("--worker-processes", f->worker_processes,
