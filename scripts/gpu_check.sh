@@ -4,7 +4,8 @@
 # (or out/).   scripts/gpu_check.sh [build-dir]
 #   env: BENCH=0 skips benchmarks, GEMM_BENCH=0 skips the GEMM ones, SANITIZE=0 skips memcheck,
 #        QUICK=1 runs fewer benchmark points, TEST_FILTER=regex limits the gpu tests, TESTS=0 skips
-#        the tests (a second call on a warm machine: benchmarks only, the build is incremental)
+#        the tests (a second call on a warm machine: benchmarks only, the build is incremental),
+#        MULTIGPU=0 skips the 2-GPU tests, BENCHES="bench_gemm bench_layer ..." runs only those benchmarks
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-megamoe}
@@ -15,6 +16,7 @@ source scripts/cudnn_env.sh  # cuDNN attention needs .deps/cudnn-frontend too (i
 summary=()
 step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seconds
   local name=$1 limit=$2; shift 2; local t0=$(date +%s)
+  [[ $name != bench_* || -z ${BENCHES:-} || " $BENCHES " == *" $name "* ]] || return 0
   if timeout "$limit" "$@" >"$out/$name.log" 2>&1; then summary+=("$name|ok|$(( $(date +%s) - t0 ))s")
   else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -30 "$out/$name.log"; fi
 }
@@ -23,7 +25,7 @@ step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" -DCUDN
 cli="$build/megamoe"
 if [ "${TESTS:-1}" = 1 ]; then
   step test_gpu 300 ctest --test-dir "$build" -L gpu ${TEST_FILTER:+-R "$TEST_FILTER"} --output-on-failure --timeout 120
-  step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
+  [ "${MULTIGPU:-1}" = 1 ] && step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
 fi
 if [ "${SANITIZE:-1}" = 1 ] && [ "${TESTS:-1}" = 1 ]; then
   step memcheck 180 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
