@@ -196,6 +196,15 @@ class GpuModelRunner final : public ModelRunner {
     // NOTES: cuBLAS gets its workspace from us, so a captured GEMM never allocates.
     cublas_workspace_.resize(kCublasWorkspaceBytes);
     MEGAMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
+    {
+      // Split-KV partials of decode attention: splits only happen while tokens x kv_heads < #SMs,
+      // and then tokens x kv_heads x splits <= that + 2 #SMs (choose_paged_attention_splits).
+      int device = 0, num_sms = 0;
+      MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
+      MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+      const int group = config.num_heads / std::max(config.num_kv_heads, 1);
+      attn_split_.resize(gpu::paged_attention_workspace_bytes(3 * int64_t{num_sms}, group, config.head_dim, 1));
+    }
     // Activation buffers at their steady-state size before the KV cache takes the rest: a step of up
     // to max_tokens_per_step tokens and as many logit rows as sequences a decode graph holds.
     reserve(options.max_tokens_per_step, std::min(options.max_tokens_per_step, std::max(options.max_graph_batch, 256)));
@@ -731,6 +740,8 @@ class GpuModelRunner final : public ModelRunner {
         attn.head_dim = static_cast<int>(D);
         attn.block_size = options_.kv_block_size;
         attn.out = attn_.get<uint16_t>();
+        attn.split_workspace = attn_split_.get();
+        attn.split_workspace_bytes = attn_split_.bytes();
         gpu::paged_attention(attn, stream_);
       }
       gemm(attn_.get(), CUDA_R_16BF, T, config_.q_size(), g.o.get(), CUDA_R_16BF, H, x_.get(), CUDA_R_32F, true);
@@ -869,6 +880,7 @@ class GpuModelRunner final : public ModelRunner {
   int num_kv_blocks_ = 0;
   std::string memory_report_, kv_plan_line_;
   DeviceBuffer cublas_workspace_;
+  DeviceBuffer attn_split_;  // paged attention's split-KV partials (fixed size, see the constructor)
   bool graphs_enabled_ = false;
   std::vector<int> graph_buckets_;
   int graph_blocks_per_seq_ = 0;

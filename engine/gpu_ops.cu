@@ -1,7 +1,9 @@
 // Typed, validating launchers of the GPU model runner's kernels (gpu_ops.h).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "engine/gpu_ops.h"
 #include "engine/kernels/sm90_elementwise.cuh"
@@ -71,7 +73,8 @@ void silu_mul(const uint16_t* gate_up, int64_t tokens, int64_t intermediate, uin
 }
 
 void paged_attention(const PagedAttentionArgs& a, StreamHandle stream) {
-  static_assert(kPagedAttentionMaxGroup == kernels::kAttnMaxGroup && kPagedAttentionMaxHeadDim == kernels::kAttnMaxHeadDim);
+  static_assert(kPagedAttentionMaxGroup == kernels::kAttnMaxGroup && kPagedAttentionMaxHeadDim == kernels::kAttnMaxHeadDim &&
+                kPagedAttentionMaxSplits == kernels::kAttnMaxSplits);
   MEGAMOE_CHECK(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0, "paged_attention: heads = ", a.heads,
                 " must be a positive multiple of kv_heads = ", a.kv_heads);
   MEGAMOE_CHECK(a.heads / a.kv_heads <= kPagedAttentionMaxGroup, "paged_attention: heads / kv_heads = ",
@@ -93,12 +96,48 @@ void paged_attention(const PagedAttentionArgs& a, StreamHandle stream) {
     MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernels::paged_attention_kernel,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
+  MEGAMOE_CHECK(a.num_splits >= 0 && a.num_splits <= kPagedAttentionMaxSplits, "paged_attention: num_splits = ",
+                a.num_splits, " must be in [0, ", kPagedAttentionMaxSplits, "]");
+  int splits = a.num_splits;
+  const size_t per_split = paged_attention_workspace_bytes(a.tokens, a.heads, a.head_dim, 1);
+  if (splits == 0) {
+    int device = 0, num_sms = 0;
+    MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
+    MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    const int64_t max_context = static_cast<int64_t>(a.max_blocks_per_seq) * a.block_size;
+    splits = choose_paged_attention_splits(a.tokens, a.kv_heads, static_cast<int>(std::min<int64_t>(max_context, INT32_MAX)),
+                                           num_sms);
+    splits = static_cast<int>(std::min<size_t>(splits, a.split_workspace ? a.split_workspace_bytes / per_split : 1));
+    splits = std::max(splits, 1);
+  } else if (splits > 1) {
+    MEGAMOE_CHECK(a.split_workspace != nullptr && a.split_workspace_bytes >= per_split * splits,
+                  "paged_attention: num_splits = ", splits, " needs a split_workspace of ", per_split * splits,
+                  " bytes, have ", a.split_workspace_bytes);
+  }
+  MEGAMOE_CHECK(splits == 1 || reinterpret_cast<uintptr_t>(a.split_workspace) % 16 == 0,
+                "paged_attention: split_workspace must be 16-byte aligned");
+  float* split_acc = static_cast<float*>(a.split_workspace);
+  float2* split_stats = split_acc == nullptr ? nullptr
+      : reinterpret_cast<float2*>(split_acc + a.tokens * a.heads * splits * static_cast<int64_t>(a.head_dim));
   const float scale = a.scale != 0.0f ? a.scale : 1.0f / std::sqrt(static_cast<float>(a.head_dim));
-  const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads));
+  const dim3 grid(static_cast<unsigned>(a.tokens), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits));
   kernels::paged_attention_kernel<<<grid, kernels::kAttnThreads, smem, as_stream(stream)>>>(
       bf16(a.q), bf16(a.k_cache), bf16(a.v_cache), a.block_tables, a.seq_of_token, a.positions,
-      a.max_blocks_per_seq, a.heads, a.kv_heads, a.head_dim, a.block_size, scale, bf16(a.out));
+      a.max_blocks_per_seq, a.heads, a.kv_heads, a.head_dim, a.block_size, scale, bf16(a.out), split_acc, split_stats);
   MEGAMOE_LAUNCH_CHECK();
+  if (splits == 1) return;
+  kernels::paged_attention_merge_kernel<<<static_cast<unsigned>(a.tokens * a.heads), kernels::kAttnThreads, 0,
+                                          as_stream(stream)>>>(split_acc, split_stats, splits, a.head_dim, bf16(a.out));
+  MEGAMOE_LAUNCH_CHECK();
+}
+
+int choose_paged_attention_splits(int64_t tokens, int kv_heads, int max_context, int num_sms) {
+  constexpr int kMinKeysPerSplit = 256;
+  const int64_t pairs = tokens * kv_heads;
+  if (pairs <= 0 || pairs >= num_sms) return 1;
+  const int64_t for_waves = (2 * int64_t{num_sms} + pairs - 1) / pairs;
+  const int64_t for_keys = (int64_t{max_context} + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  return static_cast<int>(std::clamp<int64_t>(std::min(for_waves, for_keys), 1, kPagedAttentionMaxSplits));
 }
 
 }  // namespace megamoe::engine::gpu

@@ -85,10 +85,27 @@ struct PagedAttentionArgs {
   int heads = 0, kv_heads = 0, head_dim = 0, block_size = 0;
   float scale = 0.0f;  // 0: 1/sqrt(head_dim)
   uint16_t* out = nullptr;
+  // Split-KV (decode): when tokens x kv_heads CTAs leave the GPU idle, each (token, KV head) is split
+  // over up to kPagedAttentionMaxSplits key ranges whose fp32 partials go to split_workspace (size:
+  // paged_attention_workspace_bytes) and are merged by a second kernel. num_splits: 0 = choose
+  // (choose_paged_attention_splits, reduced to what the workspace holds; 1 without a workspace),
+  // 1 = never split, n > 1 = exactly n (the workspace must hold them).
+  void* split_workspace = nullptr;
+  size_t split_workspace_bytes = 0;
+  int num_splits = 0;
 };
 // Limits of paged_attention's kernel.
 inline constexpr int kPagedAttentionMaxGroup = 16;  // heads / kv_heads
 inline constexpr int kPagedAttentionMaxHeadDim = 256;
+inline constexpr int kPagedAttentionMaxSplits = 64;
+// Bytes of split workspace for `splits` splits of `tokens` query tokens: an fp32 accumulator [D] and
+// a (max, sum) pair per (token, query head, split).
+inline size_t paged_attention_workspace_bytes(int64_t tokens, int heads, int head_dim, int splits) {
+  return static_cast<size_t>(tokens) * heads * splits * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
+}
+// Splits so that tokens x kv_heads x splits CTAs cover about two waves of `num_sms`, each split at
+// least 256 keys of max_context (the longest context a launch may see; a graph's fixed bound).
+int choose_paged_attention_splits(int64_t tokens, int kv_heads, int max_context, int num_sms);
 void paged_attention(const PagedAttentionArgs& args, StreamHandle stream);
 
 }  // namespace megamoe::engine::gpu

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/gpu_skip.h"
@@ -143,26 +144,43 @@ TEST_P(PagedAttention, MatchesFp64Reference) {
     auto row_of = [&](int j) { return int64_t{tables[s * max_blocks + j / bs]} * bs + j % bs; };
     reference_token(q, t, k, v, row_of, positions[t] + 1, c.heads, c.kv_heads, D, want);
   }
-  DeviceVec<uint16_t> dq(q), dk(k), dv(v), out(T * c.heads * D);
+  DeviceVec<uint16_t> dq(q), dk(k), dv(v);
   DeviceVec<int32_t> dtables(tables), dseq(seq_of_token), dpos(positions);
-  gpu::PagedAttentionArgs a;
-  a.q = dq.p;
-  a.k_cache = dk.p;
-  a.v_cache = dv.p;
-  a.block_tables = dtables.p;
-  a.seq_of_token = dseq.p;
-  a.positions = dpos.p;
-  a.tokens = T;
-  a.num_seqs = S;
-  a.max_blocks_per_seq = max_blocks;
-  a.heads = c.heads;
-  a.kv_heads = c.kv_heads;
-  a.head_dim = D;
-  a.block_size = bs;
-  a.out = out.p;
-  gpu::paged_attention(a, nullptr);
-  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  expect_matches(out.download(), want, "paged", seed);
+  // Split-KV: never (1), chosen (0) with the runner's workspace size, and forced counts: 3, and 64
+  // (more splits than a short context has key tiles, so some splits are empty).
+  int device = 0, num_sms = 0;
+  MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
+  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  for (const int splits : {1, 0, 3, gpu::kPagedAttentionMaxSplits}) {
+    const size_t workspace_bytes = splits == 0
+        ? gpu::paged_attention_workspace_bytes(3 * int64_t{num_sms}, c.heads / c.kv_heads, D, 1)
+        : gpu::paged_attention_workspace_bytes(T, c.heads, D, splits);
+    DeviceVec<uint8_t> workspace(workspace_bytes);
+    DeviceVec<uint16_t> out(T * c.heads * D);
+    gpu::PagedAttentionArgs a;
+    a.q = dq.p;
+    a.k_cache = dk.p;
+    a.v_cache = dv.p;
+    a.block_tables = dtables.p;
+    a.seq_of_token = dseq.p;
+    a.positions = dpos.p;
+    a.tokens = T;
+    a.num_seqs = S;
+    a.max_blocks_per_seq = max_blocks;
+    a.heads = c.heads;
+    a.kv_heads = c.kv_heads;
+    a.head_dim = D;
+    a.block_size = bs;
+    a.out = out.p;
+    a.split_workspace = workspace.p;
+    a.split_workspace_bytes = workspace_bytes;
+    a.num_splits = splits;
+    gpu::paged_attention(a, nullptr);
+    MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::string what = "paged, num_splits " + std::to_string(splits) +
+        (splits == 0 ? " (chosen: " + std::to_string(gpu::choose_paged_attention_splits(T, c.kv_heads, max_blocks * bs, num_sms)) + ")" : "");
+    expect_matches(out.download(), want, what.c_str(), seed);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -170,7 +188,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(PagedCase{32, 4, 128, 16, {0, 0, 0}, {70, 1, 33}},        // prefills, GQA 8
                       PagedCase{8, 8, 64, 16, {100, 37, 0}, {1, 1, 1}},         // decode tokens, MHA
                       PagedCase{16, 2, 128, 4, {45, 0, 130}, {20, 50, 3}},      // chunked prefill, GQA 8
-                      PagedCase{8, 2, 16, 4, {5, 0}, {17, 9}}));                // the tiny fixture's shape
+                      PagedCase{8, 2, 16, 4, {5, 0}, {17, 9}},                  // the tiny fixture's shape
+                      PagedCase{32, 4, 128, 16, {4095}, {1}},                   // Qwen3-30B decode, 4096 context
+                      PagedCase{32, 4, 128, 16, {1000, 2999, 16, 0}, {1, 1, 1, 1}}));  // decode batch, mixed
 
 TEST(PagedAttention, RejectsBadShapes) {
   gpu::PagedAttentionArgs a;
@@ -183,6 +203,17 @@ TEST(PagedAttention, RejectsBadShapes) {
   a.kv_heads = 4;
   a.head_dim = 512;
   EXPECT_THROW(gpu::paged_attention(a, nullptr), Error);  // head_dim > 256
+  a.head_dim = 128;
+  a.num_splits = gpu::kPagedAttentionMaxSplits + 1;
+  EXPECT_THROW(gpu::paged_attention(a, nullptr), Error);  // num_splits > 64
+}
+
+TEST(PagedAttention, SplitChoiceFillsTheGpuOnlyWhenIdle) {  // no GPU needed
+  EXPECT_EQ(gpu::choose_paged_attention_splits(1, 4, 40960, 132), 64);    // decode of one sequence
+  EXPECT_EQ(gpu::choose_paged_attention_splits(1, 4, 512, 132), 2);       // short context: >= 256 keys each
+  EXPECT_EQ(gpu::choose_paged_attention_splits(8, 4, 40960, 132), 9);     // 32 pairs -> ~2 waves
+  EXPECT_EQ(gpu::choose_paged_attention_splits(33, 4, 40960, 132), 1);    // 132 pairs fill the GPU
+  EXPECT_EQ(gpu::choose_paged_attention_splits(4096, 4, 4096, 132), 1);   // prefill chunk
 }
 
 struct CudnnCase {

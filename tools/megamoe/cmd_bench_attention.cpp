@@ -33,6 +33,7 @@ struct AttentionBenchOptions {
   int iters = 20, warmup = 3;
   uint64_t seed = 1;
   bool skip_paged = false;
+  bool decode = false;  // one query token per sequence at its last position (a decode step)
   std::string json_path;
 };
 
@@ -75,9 +76,104 @@ std::vector<float> download_bf16(const uint16_t* device, size_t count) {
   return out;
 }
 
+// --decode: one query token per sequence at position len - 1 over a paged cache of len tokens; our
+// paged kernel without split-KV and with the runner's split choice, side by side. The figure of merit
+// is the K/V bytes read per second (decode attention is a stream over the cache).
+int run_decode(const AttentionBenchOptions& o) {
+  using namespace megamoe::engine;
+  const int S = static_cast<int>(o.seq_lens.size()), D = o.head_dim, bs = o.block_size;
+  const int64_t Q = int64_t{o.heads} * D, KV = int64_t{o.kv_heads} * D;
+  int max_blocks = 0, total_blocks = 0;
+  double kv_bytes = 0;
+  for (int len : o.seq_lens) {
+    MEGAMOE_CHECK(len > 0, "--seq-lens: ", len, " must be positive");
+    max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+    kv_bytes += 2.0 * len * KV * 2;  // K and V, bf16
+  }
+  std::vector<int32_t> tables(int64_t{S} * max_blocks, 0), seq_of_token(S), positions(S);
+  for (int s = 0; s < S; ++s) {
+    const int blocks = (o.seq_lens[s] + bs - 1) / bs;
+    for (int b = 0; b < blocks; ++b) tables[int64_t{s} * max_blocks + b] = total_blocks + b;
+    total_blocks += blocks;
+    seq_of_token[s] = s;
+    positions[s] = o.seq_lens[s] - 1;
+  }
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random_bf16 = [&](size_t count) {
+    std::vector<uint16_t> bits(count);
+    for (auto& b : bits) b = megamoe::formats::f32_to_bf16(normal(rng));
+    return bits;
+  };
+  const int64_t cache_elems = int64_t{total_blocks} * bs * KV;
+  const std::vector<uint16_t> q = random_bf16(S * Q), k = random_bf16(cache_elems), v = random_bf16(cache_elems);
+  Device dq(q.size() * 2), kc(cache_elems * 2), vc(cache_elems * 2), out_whole(S * Q * 2), out_split(S * Q * 2);
+  Device dtables(tables.size() * 4), dseq(S * 4), dpos(S * 4);
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(kc.p, k.data(), cache_elems * 2, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(vc.p, v.data(), cache_elems * 2, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(dtables.p, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(dseq.p, seq_of_token.data(), S * 4, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(dpos.p, positions.data(), S * 4, cudaMemcpyHostToDevice));
+  MEGAMOE_CUDA_CHECK(cudaMemset(out_whole.p, 0xFF, S * Q * 2));  // NaN poison
+  MEGAMOE_CUDA_CHECK(cudaMemset(out_split.p, 0xFF, S * Q * 2));
+  int device = 0, num_sms = 0;
+  MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
+  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const size_t workspace_bytes = gpu::paged_attention_workspace_bytes(3 * int64_t{num_sms}, o.heads / o.kv_heads, D, 1);
+  Device workspace(workspace_bytes);
+  gpu::PagedAttentionArgs a;
+  a.q = dq.as<uint16_t>();
+  a.k_cache = kc.as<uint16_t>();
+  a.v_cache = vc.as<uint16_t>();
+  a.block_tables = dtables.as<int32_t>();
+  a.seq_of_token = dseq.as<int32_t>();
+  a.positions = dpos.as<int32_t>();
+  a.tokens = S;
+  a.num_seqs = S;
+  a.max_blocks_per_seq = max_blocks;
+  a.heads = o.heads;
+  a.kv_heads = o.kv_heads;
+  a.head_dim = D;
+  a.block_size = bs;
+  a.split_workspace = workspace.p;
+  a.split_workspace_bytes = workspace_bytes;
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("%-12s %6s %8s %6s %10s %10s\n", "kernel", "seqs", "max ctx", "splits", "us", "KV GB/s");
+  double whole_us = 0;
+  for (const bool split : {false, true}) {
+    a.num_splits = split ? 0 : 1;
+    a.out = (split ? out_split : out_whole).as<uint16_t>();
+    const int splits = split ? gpu::choose_paged_attention_splits(S, o.kv_heads, max_blocks * bs, num_sms) : 1;
+    const double us = 1e3 * time_ms(o.warmup, o.iters, [&] { gpu::paged_attention(a, nullptr); });
+    if (!split) whole_us = us;
+    const char* kernel = split ? "paged-split" : "paged";
+    std::printf("%-12s %6d %8d %6d %10.1f %10.1f%s\n", kernel, S, max_blocks * bs, splits, us, kv_bytes / us * 1e-3,
+                split ? (" (" + std::to_string(whole_us / us).substr(0, 5) + "x)").c_str() : "");
+    results.push_back({{"kernel", kernel}, {"decode", true}, {"seq_lens", o.seq_lens}, {"heads", o.heads},
+                       {"kv_heads", o.kv_heads}, {"head_dim", D}, {"splits", splits}, {"us", us},
+                       {"kv_gbps", kv_bytes / us * 1e-3}});
+  }
+  const std::vector<float> x = download_bf16(out_whole.as<uint16_t>(), S * Q);
+  const std::vector<float> y = download_bf16(out_split.as<uint16_t>(), S * Q);
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    diff += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
+    ref += double(x[i]) * x[i];
+  }
+  const double rel = std::sqrt(diff / ref);
+  std::printf("split vs whole: rel-L2 %.2e (bf16 outputs)\n", rel);
+  results.push_back({{"check", "split_vs_whole"}, {"rel_l2", rel}});
+  MEGAMOE_CHECK(std::isfinite(rel) && rel < 1e-2, "split and whole paged attention disagree: rel-L2 ", rel);
+  if (!o.json_path.empty())
+    std::ofstream(o.json_path) << nlohmann::json{{"bench", "attention-decode"}, {"results", results}}.dump(2) << "\n";
+  return 0;
+}
+
 int run(const AttentionBenchOptions& o) {
   using namespace megamoe::engine;
   MEGAMOE_CHECK(!o.seq_lens.empty() && o.iters > 0, "--seq-lens and --iters must be non-empty / positive");
+  if (o.decode) return run_decode(o);
   int64_t T = 0;
   double pairs = 0;  // (query, key) pairs under the causal mask
   for (int len : o.seq_lens) {
@@ -215,6 +311,8 @@ MEGAMOE_SUBCOMMAND("bench", "attention", "prefill attention (causal, GQA, varlen
                      app.add_option("--iters", o->iters, "timed launches (median)")->capture_default_str();
                      app.add_option("--seed", o->seed, "input seed")->capture_default_str();
                      app.add_flag("--skip-paged", o->skip_paged, "time cuDNN only");
+                     app.add_flag("--decode", o->decode,
+                                  "decode step: one query per sequence at its last position (paged kernel, split-KV vs not)");
                      app.add_option("--json", o->json_path, "write results as JSON here");
                      return [o] { return run(*o); };
                    });
