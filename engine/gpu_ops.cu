@@ -132,7 +132,7 @@ void paged_attention(const PagedAttentionArgs& a, StreamHandle stream) {
 }
 
 int choose_paged_attention_splits(int64_t tokens, int kv_heads, int max_context, int num_sms) {
-  constexpr int kMinKeysPerSplit = 256;
+  constexpr int kMinKeysPerSplit = 128;
   const int64_t pairs = tokens * kv_heads;
   if (pairs <= 0 || pairs >= num_sms) return 1;
   const int64_t for_waves = (2 * int64_t{num_sms} + pairs - 1) / pairs;

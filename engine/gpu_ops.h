@@ -104,7 +104,7 @@ inline size_t paged_attention_workspace_bytes(int64_t tokens, int heads, int hea
   return static_cast<size_t>(tokens) * heads * splits * (static_cast<size_t>(head_dim) + 2) * sizeof(float);
 }
 // Splits so that tokens x kv_heads x splits CTAs cover about two waves of `num_sms`, each split at
-// least 256 keys of max_context (the longest context a launch may see; a graph's fixed bound).
+// least 128 keys of max_context (the longest context a launch may see; a graph's fixed bound).
 int choose_paged_attention_splits(int64_t tokens, int kv_heads, int max_context, int num_sms);
 void paged_attention(const PagedAttentionArgs& args, StreamHandle stream);
 

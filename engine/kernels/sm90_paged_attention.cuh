@@ -82,20 +82,51 @@ paged_attention_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16*
 
   for (int base = begin; base < end; base += kKeyTile) {
     __syncthreads();  // the previous tile's readers are done; q_s and the state are written
-    // Gather the K and V rows of positions [base, base + kKeyTile) as bf16 pairs.
-    const int pairs = D / 2;
-    for (int i = tid; i < kKeyTile * pairs; i += kAttnThreads) {
-      const int j = i / pairs, c = i - j * pairs;
-      const int pos = base + j;
-      __nv_bfloat162 k2 = __float2bfloat162_rn(0.0f), v2 = k2;
-      if (pos < end) {
-        const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-        const int64_t offset = (slot * kv_heads + kvh) * D + 2 * c;
-        k2 = *reinterpret_cast<const __nv_bfloat162*>(k_cache + offset);
-        v2 = *reinterpret_cast<const __nv_bfloat162*>(v_cache + offset);
+    // Gather the K and V rows of positions [base, base + kKeyTile).
+    if (D % 8 == 0) {
+      // 16-byte loads, all of the thread's loads issued before any shared store so the tile's
+      // global latency is paid once (the smem rows are D + 2 wide: stored as 4-byte pieces).
+      const int chunks = D / 8;
+      constexpr int kMaxChunks = kKeyTile * (kAttnMaxHeadDim / 8) / kAttnThreads;
+      uint4 k8[kMaxChunks], v8[kMaxChunks];
+#pragma unroll
+      for (int n = 0; n < kMaxChunks; ++n) {
+        const int i = tid + n * kAttnThreads;
+        k8[n] = v8[n] = make_uint4(0, 0, 0, 0);
+        const int j = i / chunks, pos = base + j;
+        if (i < kKeyTile * chunks && pos < end) {
+          const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+          const int64_t offset = (slot * kv_heads + kvh) * D + 8 * (i - j * chunks);
+          k8[n] = __ldg(reinterpret_cast<const uint4*>(k_cache + offset));
+          v8[n] = __ldg(reinterpret_cast<const uint4*>(v_cache + offset));
+        }
       }
-      *reinterpret_cast<__nv_bfloat162*>(k_s + j * row + 2 * c) = k2;
-      *reinterpret_cast<__nv_bfloat162*>(v_s + j * row + 2 * c) = v2;
+#pragma unroll
+      for (int n = 0; n < kMaxChunks; ++n) {
+        const int i = tid + n * kAttnThreads;
+        if (i < kKeyTile * chunks) {
+          const int j = i / chunks, c = i - j * chunks;
+          uint32_t* kd = reinterpret_cast<uint32_t*>(k_s + j * row + 8 * c);
+          uint32_t* vd = reinterpret_cast<uint32_t*>(v_s + j * row + 8 * c);
+          kd[0] = k8[n].x, kd[1] = k8[n].y, kd[2] = k8[n].z, kd[3] = k8[n].w;
+          vd[0] = v8[n].x, vd[1] = v8[n].y, vd[2] = v8[n].z, vd[3] = v8[n].w;
+        }
+      }
+    } else {
+      const int pairs = D / 2;
+      for (int i = tid; i < kKeyTile * pairs; i += kAttnThreads) {
+        const int j = i / pairs, c = i - j * pairs;
+        const int pos = base + j;
+        __nv_bfloat162 k2 = __float2bfloat162_rn(0.0f), v2 = k2;
+        if (pos < end) {
+          const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+          const int64_t offset = (slot * kv_heads + kvh) * D + 2 * c;
+          k2 = *reinterpret_cast<const __nv_bfloat162*>(k_cache + offset);
+          v2 = *reinterpret_cast<const __nv_bfloat162*>(v_cache + offset);
+        }
+        *reinterpret_cast<__nv_bfloat162*>(k_s + j * row + 2 * c) = k2;
+        *reinterpret_cast<__nv_bfloat162*>(v_s + j * row + 2 * c) = v2;
+      }
     }
     __syncthreads();
     // Scores: thread -> (head g, key j); a warp covers the kKeyTile keys of one head.

@@ -210,7 +210,7 @@ TEST(PagedAttention, RejectsBadShapes) {
 
 TEST(PagedAttention, SplitChoiceFillsTheGpuOnlyWhenIdle) {  // no GPU needed
   EXPECT_EQ(gpu::choose_paged_attention_splits(1, 4, 40960, 132), 64);    // decode of one sequence
-  EXPECT_EQ(gpu::choose_paged_attention_splits(1, 4, 512, 132), 2);       // short context: >= 256 keys each
+  EXPECT_EQ(gpu::choose_paged_attention_splits(1, 4, 512, 132), 4);       // short context: >= 128 keys each
   EXPECT_EQ(gpu::choose_paged_attention_splits(8, 4, 40960, 132), 9);     // 32 pairs -> ~2 waves
   EXPECT_EQ(gpu::choose_paged_attention_splits(33, 4, 40960, 132), 1);    // 132 pairs fill the GPU
   EXPECT_EQ(gpu::choose_paged_attention_splits(4096, 4, 4096, 132), 1);   // prefill chunk
