@@ -45,6 +45,7 @@ std::vector<int32_t> generate(ModelRunner& runner, const std::vector<int32_t>& p
   while (static_cast<int>(generated.size()) < params.max_tokens) {
     const int32_t token = sampler.sample(logits);
     generated.push_back(token);
+    if (options.sampled_logits) options.sampled_logits->push_back(logits);
     if (!params.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end()) break;
     if (static_cast<int>(generated.size()) == params.max_tokens) break;
     StepBatch batch;

@@ -19,6 +19,9 @@ struct GenerateOptions {
   int64_t seq_id = 0;
   int first_block = 0;    // the sequence uses KV blocks first_block, first_block + 1, ...
   GenerateStats* stats = nullptr;  // filled when non-null
+  // When non-null: the logits row each new token was sampled from (the prompt's last position, then
+  // one per decode step), appended in order.
+  std::vector<std::vector<float>>* sampled_logits = nullptr;
 };
 
 // Prefills `prompt`, then decodes until max_tokens or an EOS (unless ignore_eos). Returns the new

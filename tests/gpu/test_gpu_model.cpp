@@ -3,7 +3,8 @@
 //     below the staged kernels' 128 granularity), so attention, norms, RoPE, GEMMs and the LM head
 //     are the GPU's;
 //   - dummy weights at a staged-capable geometry (hidden 256, head_dim 128 for the cuDNN path), MoE on
-//     `staged`;
+//     `staged` (BF16 and FP8-block experts) and `mega` (FP8-block), the CPU runner on the same
+//     quantized weights;
 //   - the runner's own invariants: whole prefill (cuDNN) == chunked prefill (paged kernel) ==
 //     token-by-token decode, packed mixed batches == one sequence at a time; bad batches rejected.
 //
@@ -21,7 +22,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_skip.h"
@@ -218,8 +221,13 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuTinyModel, ::testing::Values("tiny-qwen3-m
 
 // The staged backend needs hidden and moe_intermediate in multiples of 128: the tiny fixtures'
 // configs scaled up, with dummy weights (the same seeded values on both runners), head_dim 128.
+// Each geometry runs the staged backend on BF16 experts, and staged and mega on FP8-block experts
+// (online quantization at load, the same quantized weights on both runners: the CPU reference
+// backend rounds activations to FP8 like the kernels, see src/backends/reference.cpp).
 struct StagedCase {
   std::string model, overrides;
+  std::string backend = "staged";
+  std::optional<WeightFormat> quantization;
 };
 class GpuStaged : public ::testing::TestWithParam<StagedCase> {};
 
@@ -228,15 +236,18 @@ TEST_P(GpuStaged, LogitsAndGreedyTokensMatchCpuReference) {
   RunnerOptions cpu_options = quiet_options("reference");
   cpu_options.load.load_format = "dummy";
   cpu_options.load.seed = 1234;
+  cpu_options.load.quantization = GetParam().quantization;
   cpu_options.hf_overrides = GetParam().overrides;
   cpu_options.kv_block_size = 16;
   RunnerOptions gpu_options = cpu_options;
-  gpu_options.moe_backend = "staged";
+  gpu_options.moe_backend = GetParam().backend;
   auto cpu = make_cpu_model_runner(fixture(GetParam().model), cpu_options);
-  auto gpu = make_model_runner(fixture(GetParam().model), gpu_options);  // auto device: staged -> cuda
+  auto gpu = make_model_runner(fixture(GetParam().model), gpu_options);  // auto device: staged/mega -> cuda
+  const std::string what = GetParam().model + " " + GetParam().backend +
+                           (GetParam().quantization ? " " + std::string(weight_format_name(*GetParam().quantization)) : "");
   std::vector<int32_t> prompt;
   for (int i = 0; i < 70; ++i) prompt.push_back((i * 131 + 7) % 2048);
-  expect_close(prefill_logits(*gpu, prompt), prefill_logits(*cpu, prompt), GetParam().model + " staged vs cpu");
+  expect_close(prefill_logits(*gpu, prompt), prefill_logits(*cpu, prompt), what + " vs cpu");
   // Chunked prefill through the paged kernel with the staged MoE.
   StepOutput last;
   for (size_t begin = 0; begin < prompt.size(); begin += 32) {
@@ -247,18 +258,27 @@ TEST_P(GpuStaged, LogitsAndGreedyTokensMatchCpuReference) {
     c.block_table = blocks_from(10, 5);
     last = gpu->step(batch);
   }
-  expect_close(last.logits.at(0), prefill_logits(*cpu, prompt), GetParam().model + " staged chunked vs cpu");
+  expect_close(last.logits.at(0), prefill_logits(*cpu, prompt), what + " chunked vs cpu");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Geometries, GpuStaged,
-    ::testing::Values(StagedCase{"tiny-qwen3-moe", R"({"hidden_size": 256, "moe_intermediate_size": 128,
-                                   "intermediate_size": 256, "head_dim": 128, "num_attention_heads": 4,
-                                   "num_key_value_heads": 2})"},
-                      StagedCase{"tiny-mixtral", R"({"hidden_size": 256, "intermediate_size": 128,
-                                   "num_attention_heads": 4, "num_key_value_heads": 1})"}),
+    ::testing::ValuesIn([] {
+      const std::string qwen3 = R"({"hidden_size": 256, "moe_intermediate_size": 128, "intermediate_size": 256,
+                                    "head_dim": 128, "num_attention_heads": 4, "num_key_value_heads": 2})";
+      const std::string mixtral = R"({"hidden_size": 256, "intermediate_size": 128, "num_attention_heads": 4,
+                                      "num_key_value_heads": 1})";
+      std::vector<StagedCase> cases;
+      for (const auto& [model, overrides] : {std::pair{"tiny-qwen3-moe", qwen3}, std::pair{"tiny-mixtral", mixtral}}) {
+        cases.push_back({model, overrides, "staged", std::nullopt});
+        cases.push_back({model, overrides, "staged", WeightFormat::kFp8Block});
+        cases.push_back({model, overrides, "mega", WeightFormat::kFp8Block});
+      }
+      return cases;
+    }()),
     [](const ::testing::TestParamInfo<StagedCase>& info) {
-      return info.param.model == "tiny-mixtral" ? std::string("mixtral") : std::string("qwen3");
+      return std::string(info.param.model == "tiny-mixtral" ? "mixtral_" : "qwen3_") + info.param.backend +
+             (info.param.quantization ? "_fp8" : "_bf16");
     });
 
 }  // namespace

@@ -1,14 +1,23 @@
 // `megamoe generate` with DP2 attention + EP2 MoE (staged, one process per GPU through our launcher)
 // against DP1 (one GPU holding every expert): each rank's greedy tokens equal the DP1 run of that
-// rank's prompt. Run as the built binary, on dummy weights of a staged-capable geometry.
+// rank's prompt; and each rank's logits (--logits-out) against the CPU runner with the reference
+// backend on the same dummy (and, for FP8, the same quantized) weights, staged and mega. Run as the
+// built binary, on dummy weights of a staged-capable geometry.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/gpu_skip.h"
 
@@ -69,6 +78,73 @@ TEST(GpuGenerate, DataParallel2ExpertParallel2MatchesOneGpu) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(generated(dp.output, "rank " + std::to_string(r) + " "), single[r]) << "rank " << r << "\n" << dp.output;
   }
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream file(path);
+  if (!file.good()) {
+    ADD_FAILURE() << path << " was not written";
+    return {};
+  }
+  return nlohmann::json::parse(file);
+}
+
+// Logits of rank r's DP2/EP2 run (GPU backend) vs the CPU runner on rank r's prompt: the prefill's
+// row within the GPU runner's bf16 bound (rel-L2 < 1e-2, every element within 3% of the largest),
+// then each decode row while both runs fed the same tokens.
+TEST(GpuGenerate, DataParallel2LogitsMatchCpuReference) {
+  MEGAMOE_REQUIRE_GPUS(2);
+  const std::string model = std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen3-moe";
+  const std::string geometry =
+      " --load-format dummy --seed 7 --max-tokens 6 --ignore-eos --block-size 16 --max-num-batched-tokens 256"
+      " --hf-overrides '{\"hidden_size\": 256, \"moe_intermediate_size\": 128, \"intermediate_size\": 256,"
+      " \"head_dim\": 128, \"num_attention_heads\": 4, \"num_key_value_heads\": 2}'";
+  const std::string prompts[2] = {"5,17,290,1033,64,2000,7,7,7,450,19,88,1500", "42,43,44,1999,3,600,601,602,9"};
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("megamoe_dp_logits_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  for (const auto& [backend, quantization] : {std::pair<std::string, std::string>{"staged", ""},
+                                              std::pair<std::string, std::string>{"staged", "fp8"},
+                                              std::pair<std::string, std::string>{"mega", "fp8"}}) {
+    const std::string quant = quantization.empty() ? "" : " --quantization " + quantization;
+    const std::string what = backend + (quantization.empty() ? " bf16" : " " + quantization);
+    const std::string gpu_path = (dir / ("gpu_" + backend + quantization + ".json")).string();
+    const CommandResult dp = run_megamoe("generate " + model + geometry + quant + " --moe-backend " + backend +
+                                         " --data-parallel-size 2 --enable-expert-parallel --logits-out " + gpu_path +
+                                         " --prompt-ids " + prompts[0] + " --prompt-ids " + prompts[1]);
+    ASSERT_EQ(dp.exit_code, 0) << what << "\n" << dp.output;
+    for (int r = 0; r < 2; ++r) {
+      const std::string cpu_path = (dir / ("cpu_" + quantization + std::to_string(r) + ".json")).string();
+      const CommandResult cpu = run_megamoe("generate " + model + geometry + quant +
+                                            " --device cpu --moe-backend reference --logits-out " + cpu_path +
+                                            " --prompt-ids " + prompts[r]);
+      ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+      const nlohmann::json got = read_json(gpu_path + ".rank" + std::to_string(r)), want = read_json(cpu_path);
+      ASSERT_EQ(got["prompt"], want["prompt"]) << what << " rank " << r;
+      const auto& got_rows = got["logits"];
+      const auto& want_rows = want["logits"];
+      ASSERT_FALSE(want_rows.empty());
+      ASSERT_EQ(got_rows.size(), want_rows.size()) << what << " rank " << r;
+      for (size_t row = 0; row < want_rows.size(); ++row) {
+        if (row > 0 && got["generated"][row - 1] != want["generated"][row - 1]) break;  // different inputs now
+        const std::vector<float> g = got_rows[row].get<std::vector<float>>(), w = want_rows[row].get<std::vector<float>>();
+        ASSERT_EQ(g.size(), w.size());
+        double diff = 0, ref = 0, max_abs = 0, ref_max = 0;
+        for (size_t i = 0; i < w.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(g[i])) << what << " rank " << r << " row " << row << " logit " << i;
+          diff += (double(g[i]) - w[i]) * (double(g[i]) - w[i]);
+          ref += double(w[i]) * w[i];
+          max_abs = std::max(max_abs, std::abs(double(g[i]) - w[i]));
+          ref_max = std::max(ref_max, std::abs(double(w[i])));
+        }
+        const double rel = std::sqrt(diff / ref);
+        std::printf("[%s rank %d row %zu] rel_l2 %.3g, max |diff| %.3g (max |ref| %.3g)\n", what.c_str(), r, row, rel,
+                    max_abs, ref_max);
+        EXPECT_LT(rel, 1e-2) << what << " rank " << r << " row " << row;
+        EXPECT_LT(max_abs, 3e-2 * ref_max) << what << " rank " << r << " row " << row;
+      }
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // Decode steps replay CUDA graphs by default (one per batch-size bucket, every MoE layer's collective

@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <sstream>
 
 #ifdef MEGAMOE_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
+
+#include <nlohmann/json.hpp>
 
 #include "engine/cli_options.h"
 #include "engine/generate.h"
@@ -46,6 +49,7 @@ struct GenerateArgs {
   int data_parallel_size = 1;
   bool enable_expert_parallel = false;
   int repeat = 1;
+  std::string logits_out;  // JSON: prompt, generated ids and the logits each was sampled from
 };
 
 int run(GenerateArgs& args) {
@@ -98,11 +102,14 @@ int run(GenerateArgs& args) {
   }
   megamoe::engine::GenerateOptions generate_options;
   generate_options.prefill_chunk = args.prefill_chunk;
+  std::vector<std::vector<float>> sampled_logits;
   std::vector<int32_t> out;
   double best_prefill = 1e30, best_decode_step = 1e30, total_seconds = 0;
   for (int r = 0; r < args.repeat; ++r) {
     megamoe::engine::GenerateStats stats;
     generate_options.stats = &stats;
+    sampled_logits.clear();
+    generate_options.sampled_logits = args.logits_out.empty() ? nullptr : &sampled_logits;
     const auto t0 = clock::now();
     out = megamoe::engine::generate(*runner, prompt, args.sampling, generate_options);
     total_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -130,6 +137,15 @@ int run(GenerateArgs& args) {
 #ifdef MEGAMOE_WITH_CUDA
   if (group) group->destroy();
 #endif
+  if (!args.logits_out.empty()) {
+    // One file per rank with data parallelism: PATH.rank<r>.
+    const std::string path = multi_rank ? args.logits_out + ".rank" + std::to_string(rank) : args.logits_out;
+    std::ofstream file(path);
+    MEGAMOE_CHECK(file.good(), "--logits-out: cannot write '", path, "'");
+    file << nlohmann::json{{"rank", rank}, {"prompt", prompt}, {"generated", out}, {"logits", sampled_logits}}.dump()
+         << "\n";
+    MEGAMOE_CHECK(file.good(), "--logits-out: writing '", path, "' failed");
+  }
   std::string prefix = multi_rank ? "rank " + std::to_string(rank) + " " : "";
   std::printf("%sgenerated:", prefix.c_str());
   for (int32_t id : out) std::printf(" %d", id);
@@ -169,6 +185,9 @@ MEGAMOE_SUBCOMMAND("", "generate", "continue prompts of token ids with the CPU o
                  "ranks (one process per GPU; needs --enable-expert-parallel)")
       ->capture_default_str();
   app.add_flag("--enable-expert-parallel", args->enable_expert_parallel, "shard the experts over the ranks");
+  app.add_option("--logits-out", args->logits_out,
+                 "write the prompt, the generated ids and the logits each was sampled from as JSON "
+                 "(PATH.rank<r> per rank with --data-parallel-size)");
   app.add_option("--repeat", args->repeat, "run the generation this many times (timing: best prefill)")
       ->capture_default_str();
   return [args] { return run(*args); };
