@@ -4,7 +4,7 @@
 # backend starts `megamoe serve` (Qwen3-30B-A3B geometry, all 48 layers, dummy FP8 weights, DP2 + EP2
 # in worker processes), waits for /health, checks ICU's NFC through /tokenize, runs `megamoe bench
 # serve` prefill-only (random 4096-token prompts, 1 output token, --ignore-eos, 128 in flight), stops
-# the server. Logs and the vLLM-keyed JSON results go to $OUT (or out/); the side-by-side table last.
+# the server. The vLLM-keyed JSON results and logs.tar.gz go to $OUT (or out/); the side-by-side table last.
 #   scripts/gpu_serve.sh [build-dir]        (default /tmp/build-gpu-serve)
 #   env: BACKENDS (default "staged mega"), NUM_PROMPTS (256), NUM_WARMUPS (16), CONCURRENCY (128),
 #        INPUT_LEN (4096), BATCHED_TOKENS (--max-num-batched-tokens, 8192 = serve's and vLLM's default),
@@ -15,16 +15,19 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-gpu-serve}
 out=${OUT:-out}; mkdir -p "$out"; out=$(cd "$out" && pwd)
+# NOTES: the device tool brings back at most 8 files from $OUT: the two JSON results go there, every
+# log into one logs.tar.gz at the end.
+logs=$(mktemp -d /tmp/gpu-serve-logs.XXXX)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source scripts/nccl_env.sh
 source scripts/cudnn_env.sh
 export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
 summary=()
-step() {  # step NAME TIMEOUT command...   (bounded; its output in $out/NAME.log)
+step() {  # step NAME TIMEOUT command...   (bounded; its output in $logs/NAME.log, tarred into $OUT at the end)
   local name=$1 limit=$2; shift 2; local t0=$(date +%s) rc=0
-  timeout -k 5 "$limit" "$@" >"$out/$name.log" 2>&1 || rc=$?
+  timeout -k 5 "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
   if [ $rc = 0 ]; then summary+=("$name|ok|$(( $(date +%s) - t0 ))s")
-  else summary+=("$name|FAIL($rc)|$(( $(date +%s) - t0 ))s"); tail -25 "$out/$name.log"; fi
+  else summary+=("$name|FAIL($rc)|$(( $(date +%s) - t0 ))s"); tail -25 "$logs/$name.log"; fi
   return $rc
 }
 find_dep() {  # find_dep RELATIVE-PATH: first of ./, ../../ (the lead's checkout around .xfer/<name>/)
@@ -38,18 +41,18 @@ echo "server deps: ${deps:-MISSING} | cudnn-frontend: ${frontend:-none}"
 export PKG_CONFIG_PATH="$deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 # The carried .pc files link the machine's versioned runtime libraries by file name.
 ls /lib/x86_64-linux-gnu/libpcre2-8.so.0 /lib/x86_64-linux-gnu/libicuuc.so.74 /lib/x86_64-linux-gnu/libicudata.so.74 2>&1
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$out/gpus.txt"
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader | tee "$logs/gpus.txt"
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   gen=(); command -v ninja >/dev/null && gen=(-G Ninja)
   step configure 120 cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DMEGAMOE_BUILD_TESTS=OFF \
        -DMEGAMOE_REQUIRE_SERVER=ON -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" -DCUDNN_ROOT="${CUDNN_ROOT:-}" \
        -DCUDNN_FRONTEND_ROOT="${frontend:-}" || { printf '%s\n' "${summary[@]}"; exit 1; }
-  grep -E "cuDNN|server|NCCL" "$out/configure.log"
+  grep -E "cuDNN|server|NCCL" "$logs/configure.log"
   step build 420 cmake --build "$build" -j "$(nproc)" --target megamoe_cli || { printf '%s\n' "${summary[@]}"; exit 1; }
 fi
 cli="$build/megamoe"
-ldd "$cli" | grep -E "icu|pcre|nccl|httplib" | tee "$out/ldd.txt"
+ldd "$cli" | grep -E "icu|pcre|nccl|httplib" | tee "$logs/ldd.txt"
 
 http_get() { python3 -c "import sys,urllib.request as u;print(u.urlopen(sys.argv[1],timeout=5).read().decode())" "$1" 2>/dev/null; }
 http_post() { python3 -c "import sys,urllib.request as u;r=u.Request(sys.argv[1],data=sys.argv[2].encode(),headers={'Content-Type':'application/json'});print(u.urlopen(r,timeout=10).read().decode())" "$1" "$2"; }
@@ -67,7 +70,7 @@ for backend in ${BACKENDS:-staged mega}; do
   port=$((port + 1)); url="http://127.0.0.1:$port"
   t0=$(date +%s)
   "$cli" serve "$model" --tokenizer tests/fixtures/tiny-qwen3-moe --port "$port" --moe-backend "$backend" \
-      --max-num-batched-tokens "${BATCHED_TOKENS:-8192}" "${serve_args[@]}" >"$out/serve_$backend.log" 2>&1 &
+      --max-num-batched-tokens "${BATCHED_TOKENS:-8192}" "${serve_args[@]}" >"$logs/serve_$backend.log" 2>&1 &
   pid=$!
   ready=0
   for _ in $(seq 1 180); do  # bounded: at most ~180 s to load and answer /health
@@ -83,7 +86,7 @@ for backend in ${BACKENDS:-staged mega}; do
     b=$(http_post "$url/tokenize" '{"prompt": "cafe\u0301 nai\u0308ve"}')
     ta=$(python3 -c "import json,sys;print(json.loads(sys.argv[1])['tokens'])" "$a" 2>/dev/null)
     tb=$(python3 -c "import json,sys;print(json.loads(sys.argv[1])['tokens'])" "$b" 2>/dev/null)
-    echo "NFC check ($backend): precomposed $ta decomposed $tb" | tee -a "$out/nfc.txt"
+    echo "NFC check ($backend): precomposed $ta decomposed $tb" | tee -a "$logs/nfc.txt"
     summary+=("nfc_$backend|$([ -n "$ta" ] && [ "$ta" = "$tb" ] && echo ok || echo FAIL)|-")
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | sed "s/^/$backend serving: gpu /"
     step "bench_$backend" 240 "$cli" bench serve --base-url "$url" --tokenizer tests/fixtures/tiny-qwen3-moe \
@@ -91,15 +94,15 @@ for backend in ${BACKENDS:-staged mega}; do
          --num-prompts "${NUM_PROMPTS:-256}" --num-warmups "${NUM_WARMUPS:-16}" --max-concurrency "${CONCURRENCY:-128}" \
          --request-rate inf --seed 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 \
          --save-result --result-dir "$out" --result-filename "serve_$backend.json" --disable-tqdm
-    http_get "$url/metrics" >"$out/metrics_$backend.txt"
+    http_get "$url/metrics" >"$logs/metrics_$backend.txt"
   else
-    tail -30 "$out/serve_$backend.log"
+    tail -30 "$logs/serve_$backend.log"
   fi
   kill -INT "$pid" 2>/dev/null
   for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
   kill -0 "$pid" 2>/dev/null && { echo "serve $backend did not stop on SIGINT: killed"; kill -KILL "$pid"; }
   wait "$pid" 2>/dev/null
-  grep -E "^megamoe serve:|memory:|KV cache" "$out/serve_$backend.log" | head -5
+  grep -E "^megamoe serve:|memory:|KV cache" "$logs/serve_$backend.log" | head -5
   # Workers exit with the front-end (socket closed, PR_SET_PDEATHSIG): the next server needs both
   # GPUs' memory back (bounded wait).
   for _ in $(seq 1 30); do
@@ -107,6 +110,7 @@ for backend in ${BACKENDS:-staged mega}; do
   done
 done
 
+tar -czf "$out/logs.tar.gz" -C "$logs" .
 echo; printf '%s\n' "${summary[@]}" | awk -F'|' '{printf "%-22s %-9s %s\n", $1, $2, $3}'
 python3 - "$out" ${BACKENDS:-staged mega} <<'EOF'
 import json, os, sys
