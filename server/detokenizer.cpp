@@ -12,6 +12,11 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, std::
 
 bool IncrementalDetokenizer::add_token(int32_t token) {
   if (stopped_) return true;
+  // NOTES: a model's vocab may be padded past its tokenizer's (Qwen3: 151936 rows, 151669 tokens;
+  // dummy-weight serving with a smaller tokenizer); a sampled id the tokenizer lacks has no text (as
+  // in HF / vLLM). The engine already checked it is < the model's vocab_size; throwing here would
+  // end the engine's loop thread.
+  if (token >= tokenizer_.vocab_size()) return false;
   const int32_t one[1] = {token};
   text_ += tokenizer_.decode_bytes(one, /*skip_special=*/true);
   if (stop_.empty()) return false;

@@ -17,6 +17,7 @@ class IncrementalDetokenizer {
   IncrementalDetokenizer(const Tokenizer& tokenizer, std::vector<std::string> stop);
 
   // Adds one generated token. Returns true when a stop string now appears (the text is cut before it).
+  // An id at or past the tokenizer's vocab_size (model vocab padding) adds no text.
   bool add_token(int32_t token);
   // Text that became final since the last call. With `finished`, everything left (sanitized UTF-8).
   std::string take_new_text(bool finished);

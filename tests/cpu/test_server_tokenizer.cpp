@@ -7,6 +7,7 @@
 #include <random>
 
 #include "megamoe/error.h"
+#include "server/detokenizer.h"
 #include "server/tokenizer.h"
 
 using megamoe::server::Tokenizer;
@@ -88,4 +89,20 @@ TEST(ServerTokenizer, RejectsBadInputWithTheField) {
   auto tokenizer = Tokenizer::from_file(kFixture);
   const std::vector<int32_t> bad{5, 99999};
   EXPECT_THROW(tokenizer->decode(bad), megamoe::Error);
+}
+
+// A model vocab padded past the tokenizer's (Qwen3: 151936 rows, 151669 tokens) can sample an id the
+// tokenizer lacks: the detokenizer adds no text for it and keeps going; decode() still rejects it.
+TEST(ServerTokenizer, DetokenizerGivesNoTextForIdsPastTheTokenizerVocab) {
+  auto tokenizer = Tokenizer::from_file(kFixture);
+  const std::vector<int32_t> known = tokenizer->encode("hello world");
+  ASSERT_FALSE(known.empty());
+  megamoe::server::IncrementalDetokenizer detokenizer(*tokenizer, {"zzz"});
+  EXPECT_FALSE(detokenizer.add_token(tokenizer->vocab_size()));        // first padding id
+  EXPECT_FALSE(detokenizer.add_token(151935));                         // last Qwen3 padding id
+  for (int32_t id : known) EXPECT_FALSE(detokenizer.add_token(id));
+  EXPECT_FALSE(detokenizer.add_token(tokenizer->vocab_size() + 7));
+  EXPECT_EQ(detokenizer.take_new_text(/*finished=*/true), "hello world");
+  const std::vector<int32_t> padded{tokenizer->vocab_size()};
+  EXPECT_THROW(tokenizer->decode(padded), megamoe::Error);
 }
