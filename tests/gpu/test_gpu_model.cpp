@@ -224,6 +224,12 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuTinyModel, ::testing::Values("tiny-qwen3-m
 // Each geometry runs the staged backend on BF16 experts, and staged and mega on FP8-block experts
 // (online quantization at load, the same quantized weights on both runners: the CPU reference
 // backend rounds activations to FP8 like the kernels, see src/backends/reference.cpp).
+// FP8 bound: the MoE input is rounded to e4m3 (3 mantissa bits, steps of 2^-4 relative), and the
+// GPU's input to that rounding differs from the CPU's fp32 one by the bf16 error of the layers
+// before (~2^-9), so a fraction of the elements round to the neighbouring e4m3 value on one runner
+// and not the other: the logits then differ by ~2-3% rel-L2 (measured 0.025-0.029 for staged and mega
+// alike, largest element 2.9% of the largest logit). The bound is 4e-2 / 5% for FP8 experts, the
+// issue's 1e-2 / 3% for BF16 ones.
 struct StagedCase {
   std::string model, overrides;
   std::string backend = "staged";
@@ -247,7 +253,8 @@ TEST_P(GpuStaged, LogitsAndGreedyTokensMatchCpuReference) {
                            (GetParam().quantization ? " " + std::string(weight_format_name(*GetParam().quantization)) : "");
   std::vector<int32_t> prompt;
   for (int i = 0; i < 70; ++i) prompt.push_back((i * 131 + 7) % 2048);
-  expect_close(prefill_logits(*gpu, prompt), prefill_logits(*cpu, prompt), what + " vs cpu");
+  const double rel_bound = GetParam().quantization ? 4e-2 : 1e-2, max_fraction = GetParam().quantization ? 5e-2 : 3e-2;
+  expect_close(prefill_logits(*gpu, prompt), prefill_logits(*cpu, prompt), what + " vs cpu", rel_bound, max_fraction);
   // Chunked prefill through the paged kernel with the staged MoE.
   StepOutput last;
   for (size_t begin = 0; begin < prompt.size(); begin += 32) {
@@ -258,7 +265,7 @@ TEST_P(GpuStaged, LogitsAndGreedyTokensMatchCpuReference) {
     c.block_table = blocks_from(10, 5);
     last = gpu->step(batch);
   }
-  expect_close(last.logits.at(0), prefill_logits(*cpu, prompt), what + " chunked vs cpu");
+  expect_close(last.logits.at(0), prefill_logits(*cpu, prompt), what + " chunked vs cpu", rel_bound, max_fraction);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -90,8 +90,9 @@ nlohmann::json read_json(const std::string& path) {
 }
 
 // Logits of rank r's DP2/EP2 run (GPU backend) vs the CPU runner on rank r's prompt: the prefill's
-// row within the GPU runner's bf16 bound (rel-L2 < 1e-2, every element within 3% of the largest),
-// then each decode row while both runs fed the same tokens.
+// row within the GPU runner's bf16 bound (rel-L2 < 1e-2, every element within 3% of the largest;
+// FP8 experts 4e-2 / 5%, why in tests/gpu/test_gpu_model.cpp; measured 0.017-0.023), then each decode
+// row while both runs fed the same tokens.
 TEST(GpuGenerate, DataParallel2LogitsMatchCpuReference) {
   MEGAMOE_REQUIRE_GPUS(2);
   const std::string model = std::string(MEGAMOE_SOURCE_DIR) + "/tests/fixtures/tiny-qwen3-moe";
@@ -139,8 +140,9 @@ TEST(GpuGenerate, DataParallel2LogitsMatchCpuReference) {
         const double rel = std::sqrt(diff / ref);
         std::printf("[%s rank %d row %zu] rel_l2 %.3g, max |diff| %.3g (max |ref| %.3g)\n", what.c_str(), r, row, rel,
                     max_abs, ref_max);
-        EXPECT_LT(rel, 1e-2) << what << " rank " << r << " row " << row;
-        EXPECT_LT(max_abs, 3e-2 * ref_max) << what << " rank " << r << " row " << row;
+        const bool fp8 = !quantization.empty();
+        EXPECT_LT(rel, fp8 ? 4e-2 : 1e-2) << what << " rank " << r << " row " << row;
+        EXPECT_LT(max_abs, (fp8 ? 5e-2 : 3e-2) * ref_max) << what << " rank " << r << " row " << row;
       }
     }
   }
