@@ -6,7 +6,7 @@
 # serve` prefill-only (random 4096-token prompts, 1 output token, --ignore-eos, 128 in flight), stops
 # the server. The vLLM-keyed JSON results and logs.tar.gz go to $OUT (or out/); the side-by-side table last.
 #   scripts/gpu_serve.sh [build-dir]        (default /tmp/build-gpu-serve)
-#   env: BACKENDS (default "staged mega"), NUM_PROMPTS (256), NUM_WARMUPS (16), CONCURRENCY (128),
+#   env: BACKENDS (default "staged mega"), NUM_PROMPTS (1024, the seed experiment), NUM_WARMUPS (16), CONCURRENCY (128),
 #        INPUT_LEN (4096), BATCHED_TOKENS (--max-num-batched-tokens, 8192 = serve's and vLLM's default),
 #        LAYERS (48), SKIP_BUILD=1 (warm machine, build dir already there),
 #        SERVER_DEPS (folder made by gpu_server_deps.sh; default: .deps/gpu-server here or in the
@@ -91,7 +91,7 @@ for backend in ${BACKENDS:-staged mega}; do
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | sed "s/^/$backend serving: gpu /"
     step "bench_$backend" 240 "$cli" bench serve --base-url "$url" --tokenizer tests/fixtures/tiny-qwen3-moe \
          --dataset-name random --random-input-len "${INPUT_LEN:-4096}" --random-output-len 1 --ignore-eos \
-         --num-prompts "${NUM_PROMPTS:-256}" --num-warmups "${NUM_WARMUPS:-16}" --max-concurrency "${CONCURRENCY:-128}" \
+         --num-prompts "${NUM_PROMPTS:-1024}" --num-warmups "${NUM_WARMUPS:-16}" --max-concurrency "${CONCURRENCY:-128}" \
          --request-rate inf --seed 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 \
          --save-result --result-dir "$out" --result-filename "serve_$backend.json" --disable-tqdm
     http_get "$url/metrics" >"$logs/metrics_$backend.txt"
