@@ -5,7 +5,9 @@
 #   env: BENCH=0 skips benchmarks, GEMM_BENCH=0 skips the GEMM ones, SANITIZE=0 skips memcheck,
 #        QUICK=1 runs fewer benchmark points, TEST_FILTER=regex limits the gpu tests, TESTS=0 skips
 #        the tests (a second call on a warm machine: benchmarks only, the build is incremental),
-#        MULTIGPU=0 skips the 2-GPU tests, BENCHES="bench_gemm bench_layer ..." runs only those benchmarks
+#        MULTIGPU=0 skips the 2-GPU tests, BENCHES="bench_gemm bench_layer ..." runs only those benchmarks,
+#        PREBUILT=dir uses binaries from scripts/prebuild.sh (set by `source scripts/use_prebuilt.sh NAME`;
+#        GTEST_FILTER then limits the gpu tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-megamoe}
@@ -21,11 +23,20 @@ step() {  # step NAME TIMEOUT command...: runs, logs, records pass/fail and seco
   else summary+=("$name|FAIL($?)|$(( $(date +%s) - t0 ))s"); tail -30 "$out/$name.log"; fi
 }
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpus.txt"
-step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" -DCUDNN_ROOT="${CUDNN_ROOT:-}"
+if [ -n "${PREBUILT:-}" ]; then  # binaries from scripts/prebuild.sh (source scripts/use_prebuilt.sh first)
+  build=$PREBUILT; summary+=("build|prebuilt|0s")
+else
+  step build 400 scripts/build.sh "$build" -DNCCL_ROOT="$MEGAMOE_NCCL_ROOT" -DCUDNN_ROOT="${CUDNN_ROOT:-}"
+fi
 cli="$build/megamoe"
 if [ "${TESTS:-1}" = 1 ]; then
-  step test_gpu 300 ctest --test-dir "$build" -L gpu ${TEST_FILTER:+-R "$TEST_FILTER"} --output-on-failure --timeout 120
-  [ "${MULTIGPU:-1}" = 1 ] && step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
+  if [ -n "${PREBUILT:-}" ]; then  # no ctest files there: the binaries, GTEST_FILTER instead of TEST_FILTER
+    step test_gpu 300 "$build/tests/megamoe_tests_gpu" ${GTEST_FILTER:+--gtest_filter="$GTEST_FILTER"}
+    [ "${MULTIGPU:-1}" = 1 ] && step test_multigpu 240 "$build/tests/megamoe_tests_multigpu"
+  else
+    step test_gpu 300 ctest --test-dir "$build" -L gpu ${TEST_FILTER:+-R "$TEST_FILTER"} --output-on-failure --timeout 120
+    [ "${MULTIGPU:-1}" = 1 ] && step test_multigpu 240 ctest --test-dir "$build" -L multigpu --output-on-failure --timeout 120
+  fi
 fi
 if [ "${SANITIZE:-1}" = 1 ] && [ "${TESTS:-1}" = 1 ]; then
   step memcheck 180 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
@@ -61,7 +72,7 @@ fi
 for name in bench_gemm bench_gemm_bf16 bench_gemm_w4a8 bench_ep bench_layer bench_layer_w4a8 bench_layer_bf16 bench_attention; do
   [ -f "$out/$name.log" ] && { echo "== $name"; tail -n 24 "$out/$name.log"; }
 done
-grep -h -E "tests passed|tests failed" "$out"/test_*.log 2>/dev/null
+grep -h -E "tests passed|tests failed|^\[  (PASSED|FAILED)  \]" "$out"/test_*.log 2>/dev/null
 grep -h -E "ERROR SUMMARY" "$out"/memcheck.log "$out"/synccheck.log 2>/dev/null
 printf '\n%-14s %-9s %s\n' step result time
 for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-14s %-9s %s\n' "$a" "$b" "$c"; done

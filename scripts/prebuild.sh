@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds the GPU binaries HERE (no GPU needed; nvcc compiles sm_90a) so that a device call spends no
+# time compiling: `megamoe`, the gpu and multigpu test binaries and libmegamoe.so, without the server
+# (the GPU machine lacks ICU / cpp-httplib: a binary that needs them does not load there), into
+# /tmp/build-pre-NAME, then copies them to SHIP/.xfer/pre-NAME (SHIP: the checkout the device tool
+# ships, default /work/main) with the paths they were built for. On the device, in the same call:
+#   source scripts/use_prebuilt.sh NAME [SOURCE-TREE]; "$PREBUILT"/tests/megamoe_tests_gpu ...
+# (carry ".xfer/pre-NAME", and for a helper's tree also ".xfer/<its name>" as SOURCE-TREE).
+#   scripts/prebuild.sh NAME [SHIP]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+name=${1:?usage: scripts/prebuild.sh NAME [SHIP]}
+ship=${2:-/work/main}
+build=/tmp/build-pre-$name
+log=/tmp/prebuild-$name.log
+if ! scripts/build.sh "$build" -DMEGAMOE_BUILD_SERVER=OFF >"$log" 2>&1; then
+  tail -30 "$log"
+  exit 1
+fi
+dest=$ship/.xfer/pre-$name
+rm -rf "$dest"
+mkdir -p "$dest/tests"
+cp "$build/megamoe" "$build/libmegamoe.so" "$dest/"
+cp "$build/tests/megamoe_tests_gpu" "$build/tests/megamoe_tests_multigpu" "$dest/tests/"
+# NOTES: the test binaries have MEGAMOE_SOURCE_DIR (fixtures) and MEGAMOE_BINARY_DIR (the megamoe
+# they start) compiled in, and libmegamoe.so is found through the RUNPATH: use_prebuilt.sh recreates
+# both paths on the device.
+{
+  echo "build_dir=$build"
+  echo "source_dir=$PWD"
+  echo "commit=$(git rev-parse HEAD)$(git diff --quiet HEAD || echo ' (uncommitted changes)')"
+  grep -m1 "cuDNN attention" "$log" || true
+} >"$dest/PATHS"
+cat "$dest/PATHS"
+du -sh "$dest"
