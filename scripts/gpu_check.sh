@@ -64,8 +64,9 @@ if [ "${BENCH:-1}" = 1 ]; then
   step bench_layer_w4a8 150 bash -c "'$cli' bench layer --backend staged --ranks 2 --preset dsv3 --format nvfp4 \
        --tokens 128,8192 --iters 5 --json '$out/bench_layer_nvfp4.json' && '$cli' bench layer --backend staged \
        --ranks 2 --preset dsv3 --format mxfp4 --tokens 128,8192 --iters 5 --json '$out/bench_layer_mxfp4.json'"
-  step bench_attention 60 "$cli" bench attention --seq-lens 4096 --heads 32 --kv-heads 4 --head-dim 128 \
-       --json "$out/bench_attention.json"
+  step bench_attention 90 bash -c "'$cli' bench attention --seq-lens 4096 --heads 32 --kv-heads 4 --head-dim 128 \
+       --json '$out/bench_attention.json' && '$cli' bench attention --decode --seq-lens 4096 4096 4096 4096 \
+       --heads 32 --kv-heads 4 --head-dim 128 --json '$out/bench_attention_decode.json'"
   step bench_layer_bf16 120 "$cli" bench layer --backend reference,staged --check --preset qwen3-30b --format bf16 \
        --tokens 32 --iters 3 --json "$out/bench_layer_bf16.json"
 fi

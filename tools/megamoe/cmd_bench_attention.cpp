@@ -76,6 +76,35 @@ std::vector<float> download_bf16(const uint16_t* device, size_t count) {
   return out;
 }
 
+// Standard normal bf16 values (never zeros: the benchmark times real data).
+std::vector<uint16_t> random_bf16(std::mt19937_64& rng, size_t count) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> bits(count);
+  for (auto& b : bits) b = megamoe::formats::f32_to_bf16(normal(rng));
+  return bits;
+}
+
+// The paged kernel's arguments over device buffers (q, caches, block tables, token -> sequence, positions).
+megamoe::engine::gpu::PagedAttentionArgs paged_args(const AttentionBenchOptions& o, const Device& q, const Device& k_cache,
+                                                    const Device& v_cache, const Device& tables, const Device& seq_of_token,
+                                                    const Device& positions, int64_t tokens, int num_seqs, int max_blocks) {
+  megamoe::engine::gpu::PagedAttentionArgs a;
+  a.q = q.as<uint16_t>();
+  a.k_cache = k_cache.as<uint16_t>();
+  a.v_cache = v_cache.as<uint16_t>();
+  a.block_tables = tables.as<int32_t>();
+  a.seq_of_token = seq_of_token.as<int32_t>();
+  a.positions = positions.as<int32_t>();
+  a.tokens = tokens;
+  a.num_seqs = num_seqs;
+  a.max_blocks_per_seq = max_blocks;
+  a.heads = o.heads;
+  a.kv_heads = o.kv_heads;
+  a.head_dim = o.head_dim;
+  a.block_size = o.block_size;
+  return a;
+}
+
 // --decode: one query token per sequence at position len - 1 over a paged cache of len tokens; our
 // paged kernel without split-KV and with the runner's split choice, side by side. The figure of merit
 // is the K/V bytes read per second (decode attention is a stream over the cache).
@@ -99,14 +128,9 @@ int run_decode(const AttentionBenchOptions& o) {
     positions[s] = o.seq_lens[s] - 1;
   }
   std::mt19937_64 rng(o.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto random_bf16 = [&](size_t count) {
-    std::vector<uint16_t> bits(count);
-    for (auto& b : bits) b = megamoe::formats::f32_to_bf16(normal(rng));
-    return bits;
-  };
   const int64_t cache_elems = int64_t{total_blocks} * bs * KV;
-  const std::vector<uint16_t> q = random_bf16(S * Q), k = random_bf16(cache_elems), v = random_bf16(cache_elems);
+  const std::vector<uint16_t> q = random_bf16(rng, S * Q), k = random_bf16(rng, cache_elems),
+                              v = random_bf16(rng, cache_elems);
   Device dq(q.size() * 2), kc(cache_elems * 2), vc(cache_elems * 2), out_whole(S * Q * 2), out_split(S * Q * 2);
   Device dtables(tables.size() * 4), dseq(S * 4), dpos(S * 4);
   MEGAMOE_CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
@@ -122,20 +146,7 @@ int run_decode(const AttentionBenchOptions& o) {
   MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   const size_t workspace_bytes = gpu::paged_attention_workspace_bytes(3 * int64_t{num_sms}, o.heads / o.kv_heads, D, 1);
   Device workspace(workspace_bytes);
-  gpu::PagedAttentionArgs a;
-  a.q = dq.as<uint16_t>();
-  a.k_cache = kc.as<uint16_t>();
-  a.v_cache = vc.as<uint16_t>();
-  a.block_tables = dtables.as<int32_t>();
-  a.seq_of_token = dseq.as<int32_t>();
-  a.positions = dpos.as<int32_t>();
-  a.tokens = S;
-  a.num_seqs = S;
-  a.max_blocks_per_seq = max_blocks;
-  a.heads = o.heads;
-  a.kv_heads = o.kv_heads;
-  a.head_dim = D;
-  a.block_size = bs;
+  gpu::PagedAttentionArgs a = paged_args(o, dq, kc, vc, dtables, dseq, dpos, S, S, max_blocks);
   a.split_workspace = workspace.p;
   a.split_workspace_bytes = workspace_bytes;
   nlohmann::json results = nlohmann::json::array();
@@ -184,13 +195,8 @@ int run(const AttentionBenchOptions& o) {
   const double flops = 4.0 * o.head_dim * o.heads * pairs;
   const int64_t Q = int64_t{o.heads} * o.head_dim, KV = int64_t{o.kv_heads} * o.head_dim;
   std::mt19937_64 rng(o.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto random_bf16 = [&](size_t count) {
-    std::vector<uint16_t> bits(count);
-    for (auto& b : bits) b = megamoe::formats::f32_to_bf16(normal(rng));
-    return bits;
-  };
-  const std::vector<uint16_t> q = random_bf16(T * Q), k = random_bf16(T * KV), v = random_bf16(T * KV);
+  const std::vector<uint16_t> q = random_bf16(rng, T * Q), k = random_bf16(rng, T * KV),
+                              v = random_bf16(rng, T * KV);
   Device dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout_cudnn(T * Q * 2), dout_paged(T * Q * 2);
   MEGAMOE_CUDA_CHECK(cudaMemcpy(dq.p, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
   MEGAMOE_CUDA_CHECK(cudaMemcpy(dk.p, k.data(), k.size() * 2, cudaMemcpyHostToDevice));
@@ -253,20 +259,8 @@ int run(const AttentionBenchOptions& o) {
     MEGAMOE_CUDA_CHECK(cudaMemcpy(dtables.p, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(dseq.p, seq_of_token.data(), T * 4, cudaMemcpyHostToDevice));
     MEGAMOE_CUDA_CHECK(cudaMemcpy(dpos.p, positions.data(), T * 4, cudaMemcpyHostToDevice));
-    gpu::PagedAttentionArgs a;
-    a.q = dq.as<uint16_t>();
-    a.k_cache = kc.as<uint16_t>();
-    a.v_cache = vc.as<uint16_t>();
-    a.block_tables = dtables.as<int32_t>();
-    a.seq_of_token = dseq.as<int32_t>();
-    a.positions = dpos.as<int32_t>();
-    a.tokens = T;
-    a.num_seqs = static_cast<int>(o.seq_lens.size());
-    a.max_blocks_per_seq = max_blocks;
-    a.heads = o.heads;
-    a.kv_heads = o.kv_heads;
-    a.head_dim = o.head_dim;
-    a.block_size = bs;
+    gpu::PagedAttentionArgs a =
+        paged_args(o, dq, kc, vc, dtables, dseq, dpos, T, static_cast<int>(o.seq_lens.size()), max_blocks);
     a.out = dout_paged.as<uint16_t>();
     const double ms = time_ms(1, std::max(1, o.iters / 4), [&] { gpu::paged_attention(a, nullptr); });
     report("paged", ms);
