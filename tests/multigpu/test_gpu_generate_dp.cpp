@@ -20,33 +20,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/gpu_skip.h"
+#include "common/megamoe_cli.h"
 
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-CommandResult run_megamoe(const std::string& args) {
-  const std::string binary = std::string(MEGAMOE_BINARY_DIR) + "/megamoe";
-  CommandResult run;
-  if (!std::filesystem::exists(binary)) {
-    ADD_FAILURE() << binary << " is missing: build the megamoe target before running the tests";
-    return run;
-  }
-  FILE* pipe = popen((binary + " " + args + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) {
-    ADD_FAILURE() << "popen failed";
-    return run;
-  }
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.output.append(buffer, n);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
+using megamoe::testing::CommandResult;
+using megamoe::testing::run_megamoe;
 
 // The token list after "<prefix>generated:" in the output ("" when absent).
 std::string generated(const std::string& output, const std::string& prefix) {
