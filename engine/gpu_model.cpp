@@ -196,15 +196,7 @@ class GpuModelRunner final : public ModelRunner {
     // NOTES: cuBLAS gets its workspace from us, so a captured GEMM never allocates.
     cublas_workspace_.resize(kCublasWorkspaceBytes);
     MEGAMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_.get(), cublas_workspace_.bytes()));
-    {
-      // Split-KV partials of decode attention: splits only happen while tokens x kv_heads < #SMs,
-      // and then tokens x kv_heads x splits <= that + 2 #SMs (choose_paged_attention_splits).
-      int device = 0, num_sms = 0;
-      MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
-      MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-      const int group = config.num_heads / std::max(config.num_kv_heads, 1);
-      attn_split_.resize(gpu::paged_attention_workspace_bytes(3 * int64_t{num_sms}, group, config.head_dim, 1));
-    }
+    attn_split_.resize(gpu::paged_attention_decode_workspace_bytes(config.num_heads, config.num_kv_heads, config.head_dim));
     // Activation buffers at their steady-state size before the KV cache takes the rest: a step of up
     // to max_tokens_per_step tokens and as many logit rows as sequences a decode graph holds.
     reserve(options.max_tokens_per_step, std::min(options.max_tokens_per_step, std::max(options.max_graph_batch, 256)));

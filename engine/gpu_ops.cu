@@ -101,12 +101,9 @@ void paged_attention(const PagedAttentionArgs& a, StreamHandle stream) {
   int splits = a.num_splits;
   const size_t per_split = paged_attention_workspace_bytes(a.tokens, a.heads, a.head_dim, 1);
   if (splits == 0) {
-    int device = 0, num_sms = 0;
-    MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
-    MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
     const int64_t max_context = static_cast<int64_t>(a.max_blocks_per_seq) * a.block_size;
     splits = choose_paged_attention_splits(a.tokens, a.kv_heads, static_cast<int>(std::min<int64_t>(max_context, INT32_MAX)),
-                                           num_sms);
+                                           multiprocessor_count());
     splits = static_cast<int>(std::min<size_t>(splits, a.split_workspace ? a.split_workspace_bytes / per_split : 1));
     splits = std::max(splits, 1);
   } else if (splits > 1) {
@@ -129,6 +126,19 @@ void paged_attention(const PagedAttentionArgs& a, StreamHandle stream) {
   kernels::paged_attention_merge_kernel<<<static_cast<unsigned>(a.tokens * a.heads), kernels::kAttnThreads, 0,
                                           as_stream(stream)>>>(split_acc, split_stats, splits, a.head_dim, bf16(a.out));
   MEGAMOE_LAUNCH_CHECK();
+}
+
+int multiprocessor_count() {
+  int device = 0, count = 0;
+  MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
+  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+size_t paged_attention_decode_workspace_bytes(int heads, int kv_heads, int head_dim) {
+  MEGAMOE_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "paged_attention_decode_workspace_bytes: heads = ",
+                heads, " must be a positive multiple of kv_heads = ", kv_heads);
+  return paged_attention_workspace_bytes(3 * int64_t{multiprocessor_count()}, heads / kv_heads, head_dim, 1);
 }
 
 int choose_paged_attention_splits(int64_t tokens, int kv_heads, int max_context, int num_sms) {

@@ -106,6 +106,11 @@ inline size_t paged_attention_workspace_bytes(int64_t tokens, int heads, int hea
 // Splits so that tokens x kv_heads x splits CTAs cover about two waves of `num_sms`, each split at
 // least 128 keys of max_context (the longest context a launch may see; a graph's fixed bound).
 int choose_paged_attention_splits(int64_t tokens, int kv_heads, int max_context, int num_sms);
+// Split workspace that holds every split the chooser picks on this device (splits only happen while
+// tokens x kv_heads < #SMs, and then tokens x kv_heads x splits <= that + 2 #SMs).
+size_t paged_attention_decode_workspace_bytes(int heads, int kv_heads, int head_dim);
+// Streaming multiprocessors of the current device.
+int multiprocessor_count();
 void paged_attention(const PagedAttentionArgs& args, StreamHandle stream);
 
 }  // namespace megamoe::engine::gpu

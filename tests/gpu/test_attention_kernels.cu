@@ -148,13 +148,10 @@ TEST_P(PagedAttention, MatchesFp64Reference) {
   DeviceVec<int32_t> dtables(tables), dseq(seq_of_token), dpos(positions);
   // Split-KV: never (1), chosen (0) with the runner's workspace size, and forced counts: 3, and 64
   // (more splits than a short context has key tiles, so some splits are empty).
-  int device = 0, num_sms = 0;
-  MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
-  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int num_sms = gpu::multiprocessor_count();
   for (const int splits : {1, 0, 3, gpu::kPagedAttentionMaxSplits}) {
-    const size_t workspace_bytes = splits == 0
-        ? gpu::paged_attention_workspace_bytes(3 * int64_t{num_sms}, c.heads / c.kv_heads, D, 1)
-        : gpu::paged_attention_workspace_bytes(T, c.heads, D, splits);
+    const size_t workspace_bytes = splits == 0 ? gpu::paged_attention_decode_workspace_bytes(c.heads, c.kv_heads, D)
+                                               : gpu::paged_attention_workspace_bytes(T, c.heads, D, splits);
     DeviceVec<uint8_t> workspace(workspace_bytes);
     DeviceVec<uint16_t> out(T * c.heads * D);
     gpu::PagedAttentionArgs a;

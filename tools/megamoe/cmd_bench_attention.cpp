@@ -141,10 +141,8 @@ int run_decode(const AttentionBenchOptions& o) {
   MEGAMOE_CUDA_CHECK(cudaMemcpy(dpos.p, positions.data(), S * 4, cudaMemcpyHostToDevice));
   MEGAMOE_CUDA_CHECK(cudaMemset(out_whole.p, 0xFF, S * Q * 2));  // NaN poison
   MEGAMOE_CUDA_CHECK(cudaMemset(out_split.p, 0xFF, S * Q * 2));
-  int device = 0, num_sms = 0;
-  MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
-  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  const size_t workspace_bytes = gpu::paged_attention_workspace_bytes(3 * int64_t{num_sms}, o.heads / o.kv_heads, D, 1);
+  const int num_sms = gpu::multiprocessor_count();
+  const size_t workspace_bytes = gpu::paged_attention_decode_workspace_bytes(o.heads, o.kv_heads, D);
   Device workspace(workspace_bytes);
   gpu::PagedAttentionArgs a = paged_args(o, dq, kc, vc, dtables, dseq, dpos, S, S, max_blocks);
   a.split_workspace = workspace.p;
