@@ -1,5 +1,6 @@
 // Typed validating API of the BF16 x BF16 grouped GEMMs (grouped_gemm.h): checks, TMA descriptors,
-// tile choice (sm90_gemm_heuristics.h, the FP8 tile shapes: a BF16 stage is the same bytes), launch.
+// tile choice (sm90_gemm_heuristics.h, the FP8 tile shapes: a BF16 stage is the same bytes; GEMM 1 at
+// 128 x 256 runs the FP8 config's 4 stages since its gate/up exchange is the same 16 KiB chunked one), launch.
 #include "kernels/grouped_gemm.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_bf16_grouped_gemm.cuh"
@@ -10,10 +11,6 @@ namespace {
 
 using sm90::Bf16Epilogue;
 using sm90::Bf16GroupedGemmParams;
-
-// NOTES: the FP8 128x256 GEMM 1 config runs 4 stages because its gate/up exchange is 16 KiB; the BF16
-// epilogue exchanges a whole 128x128 fp32 gate tile (64 KiB), so 3 stages (144 KiB) are what fit.
-constexpr sm90::TileConfig kBf16SplitNLarge{sm90::kSplitNLarge.warpgroups_m, sm90::kSplitNLarge.sub_tiles_m, 3};
 
 template <sm90::TileConfig kTile, Bf16Epilogue kEpilogue>
 void launch(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmParams& params, cudaStream_t stream) {
@@ -100,7 +97,7 @@ void grouped_gemm1_bf16(const GroupedGemm1Bf16Args& args, cudaStream_t stream) {
   if (tile.sub_tiles_m == 1)
     launch<sm90::kSplitNSmall, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
   else
-    launch<kBf16SplitNLarge, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
+    launch<sm90::kSplitNLarge, Bf16Epilogue::kSwigluBf16>(args.a, args.weights, params, stream);
 }
 
 }  // namespace megamoe::kernels

@@ -1,20 +1,28 @@
-// MegaMoE, FP8-block weights, sm_90a: ONE persistent kernel per forward does quantize + dispatch
-// (pull), GEMM 1 (+ SwiGLU + optional top-k weight + FP8 requant), GEMM 2 with its BF16 rows stored
-// straight into the source rank's combine slots over NVLink, and the fixed-order top-k reduction.
-// Launcher at the bottom; the typed API is src/moe/mega_backend.cu; design and buffers: docs/mega.md.
+// MegaMoE, sm_90a, FP8-block or BF16 weights: ONE persistent kernel per forward does quantize + dispatch
+// (pull), GEMM 1 (+ SwiGLU + optional top-k weight + FP8 requant / BF16 rounding), GEMM 2 with its BF16
+// rows stored straight into the source rank's combine slots over NVLink, and the fixed-order top-k
+// reduction. Launcher at the bottom; the typed API is src/moe/mega_backend.cu; design and buffers:
+// docs/mega.md.
+//
+// One kernel template, two formats (MegaFormat): only what the tokens look like on the wire and which
+// GEMM device code runs differs; dispatch, counters, waits, reduce and cleanup are the same code.
+//   kFp8Block  tokens travel as e4m3 + per-128 scales; GEMMs from sm90_fp8_grouped_gemm.cuh, GEMM-1
+//              output requantized to e4m3 + scales.
+//   kBf16      tokens travel as their bf16 rows (no scales); GEMMs from sm90_bf16_grouped_gemm.cuh,
+//              GEMM-1 output rounded to bf16 exactly as the staged BF16 path does.
 //
 // Phases of one CTA (grid = one CTA per SM, all co-resident: cooperative launch):
-//   1 quantize   all 12 warps: this rank's tokens -> FP8 + scales + sanitized ids/weights into this
-//                rank's OWN symmetric window (src_*), per-global-expert counts (src_expert_counts),
-//                per-owner-rank slot counts (expected_from). The last CTA to finish publishes
-//                ready[me] = epoch + 1 on every rank (release, system scope).
+//   1 stage      all 12 warps: this rank's tokens (FP8: quantized + scales; BF16: copied) + sanitized
+//                ids/weights into this rank's OWN symmetric window (src_*), per-global-expert counts
+//                (src_expert_counts), per-owner-rank slot counts (expected_from). The last CTA to
+//                finish publishes ready[me] = epoch + 1 on every rank (release, system scope).
 //   2 offsets    thread 0 waits (bounded) for ready from every rank; every CTA sums the peers' counts
 //                of its local experts into expert offsets + the m-tile table (shared memory).
 //   3 pull       all warps: warp per (sender, token) reads the sender's ids over NVLink and copies the
 //                token once into a grouped row per local expert it selected (row = offset[e] +
 //                atomic cursor[e]), bumping arrived[e] per row (release, gpu scope). The last CTA to
 //                finish tells every sender pulled[me] = epoch + 1.
-//   4 GEMMs      warp-specialized as the grouped GEMM (sm90_fp8_grouped_gemm.cuh, same device code):
+//   4 GEMMs      warp-specialized as the grouped GEMMs (sm90_fp8/bf16_grouped_gemm.cuh, same device code):
 //                all GEMM-1 tiles, then all GEMM-2 tiles (decode_mega_tile); CTA b takes tiles b,
 //                b + grid, ...
 //                A GEMM-1 tile of expert e starts when arrived[e] == rows(e); a GEMM-2 tile of m-tile m
@@ -49,33 +57,41 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "kernels/sm90_bf16_grouped_gemm.cuh"
 #include "kernels/sm90_ep_common.cuh"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
 
 namespace megamoe::kernels {
 
+// Weight (and token) format of one mega launch; see the header comment.
+enum class MegaFormat : int { kFp8Block = 0, kBf16 = 1 };
+// Bytes per element of the tokens and activations the GEMMs read (their TMA rows are P * K bytes).
+constexpr int mega_element_bytes(MegaFormat format) { return format == MegaFormat::kBf16 ? 2 : 1; }
+
 // Byte offsets of the regions of one rank's mega window (identical on every rank), each 256-aligned.
-// C = max tokens per rank, H = hidden, S = H / 128, k = top_k, E = global experts:
+// C = max tokens per rank, H = hidden, S = H / 128, k = top_k, E = global experts, P = bytes per token
+// element (1 for FP8-block, 2 for BF16), F = 1 for FP8-block (scales), 0 for BF16 (none):
 //   ready              u64 [kMaxEpRanks]  ready[s] = epoch + 1 once rank s's src_* of this forward are complete
 //   pulled             u64 [kMaxEpRanks]  pulled[s] = epoch + 1 once rank s finished reading my src_*
 //   combine_pieces     u64 [kMaxEpRanks]  (row, 256-column tile) pieces rank s wrote into my combine_rows
 //   src_count          i32                my T of this forward
 //   src_expert_counts  i32 [E]            my valid (token, slot) pairs per global expert
-//   src_x              e4m3 [C, H]        my tokens, quantized per 128 channels
-//   src_scales         f32 [C, S]
+//   src_x              [C, H] * P bytes   my tokens: e4m3 quantized per 128 channels | bf16 as given
+//   src_scales         f32 [C, S] * F     FP8 only (0 bytes for BF16)
 //   src_ids            i32 [C, k]         sanitized ids (invalid -> -1)
 //   src_weights        f32 [C, k]
 //   combine_rows       bf16 [C * k, H]    row t*k + j = expert output of my token t, slot j
-// Total ~ C*(H + 4S + 8k + 2kH) + 4E + 1.3 KiB.
+// Total ~ C*(P*H + 4*F*S + 8k + 2kH) + 4E + 1.3 KiB.
 struct MegaMoeLayout {
   size_t ready, pulled, combine_pieces, src_count, src_expert_counts, src_x, src_scales, src_ids, src_weights,
       combine_rows, total;
 };
 
-inline MegaMoeLayout make_mega_moe_layout(int capacity, int hidden, int top_k, int num_experts) {
+inline MegaMoeLayout make_mega_moe_layout(int capacity, int hidden, int top_k, int num_experts, MegaFormat format) {
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };
   const size_t C = static_cast<size_t>(capacity), H = hidden, k = top_k;
+  const size_t P = mega_element_bytes(format), F = format == MegaFormat::kFp8Block ? 1 : 0;
   MegaMoeLayout l{};
   size_t at = 0;
   l.ready = at; at = align(at + 8 * kMaxEpRanks);
@@ -83,8 +99,8 @@ inline MegaMoeLayout make_mega_moe_layout(int capacity, int hidden, int top_k, i
   l.combine_pieces = at; at = align(at + 8 * kMaxEpRanks);
   l.src_count = at; at = align(at + 4);
   l.src_expert_counts = at; at = align(at + 4 * static_cast<size_t>(num_experts));
-  l.src_x = at; at = align(at + C * H);
-  l.src_scales = at; at = align(at + C * (H / kEpScaleGroup) * 4);
+  l.src_x = at; at = align(at + C * H * P);
+  l.src_scales = at; at = align(at + C * (H / kEpScaleGroup) * 4 * F);
   l.src_ids = at; at = align(at + C * k * 4);
   l.src_weights = at; at = align(at + C * k * 4);
   l.combine_rows = at; at = align(at + C * k * H * 2);
@@ -105,7 +121,7 @@ struct MegaMoeParams {
   const int32_t* topk_ids;
   const float* topk_weights;
   __nv_bfloat16* out;
-  // packed weight scales (the data goes through the tensor maps)
+  // packed weight scales, FP8 only (the data goes through the tensor maps)
   const float* w13_scales;  // [E_local, 2I/128, H/128]
   const float* w2_scales;   // [E_local, H/128, I/128]
   // local state (device memory), zero between forwards
@@ -118,13 +134,13 @@ struct MegaMoeParams {
   uint64_t* arrived;           // [E_local] grouped rows complete per local expert
   uint64_t* gemm1_done;        // [max_m_tiles] GEMM-1 n-tiles complete per m-tile
   int max_m_tiles;
-  // grouped rows (local)
-  uint8_t* grouped_x;          // [max_rows, H] e4m3
-  float* grouped_scales;       // [max_rows, S]
+  // grouped rows (local); P = mega_element_bytes(format)
+  uint8_t* grouped_x;          // [max_rows, H] * P bytes: e4m3 | bf16
+  float* grouped_scales;       // [max_rows, S] (FP8 only)
   RowSource* sources;          // [max_rows]
   float* row_weights;          // [max_rows]
-  uint8_t* act;                // [max_rows, I] e4m3
-  float* act_scales;           // [max_rows, I/128]
+  uint8_t* act;                // [max_rows, I] * P bytes: e4m3 | bf16
+  float* act_scales;           // [max_rows, I/128] (FP8 only)
   int64_t max_rows;
 
   template <typename T>
@@ -184,8 +200,10 @@ __device__ __forceinline__ bool last_cta_arrives(uint32_t* counter) {
   return true;
 }
 
-// Phase 1, one warp per token.
-__device__ inline void quantize_own_tokens(const MegaMoeParams& p, uint32_t* expected_counts_lane) {
+// Phase 1, one warp per token: ids, weights and counts, then the token itself in the launch's format
+// (FP8: quantized per 128 channels + scales, the `formats` rule; BF16: the row as given).
+template <MegaFormat kFormat>
+__device__ inline void stage_own_tokens(const MegaMoeParams& p, uint32_t* expected_counts_lane) {
   const int lane = threadIdx.x & 31;
   const int warps = blockDim.x / 32;
   const int warp_global = blockIdx.x * warps + static_cast<int>(threadIdx.x) / 32;
@@ -216,31 +234,39 @@ __device__ inline void quantize_own_tokens(const MegaMoeParams& p, uint32_t* exp
       if (lane == r) *expected_counts_lane += n;  // lane r accumulates rank r's count
     }
     const uint4* src = reinterpret_cast<const uint4*>(p.hidden_in + static_cast<size_t>(t) * H);
-    const int chunks = H / 16;
-    for (int c0 = 0; c0 < chunks; c0 += 32) {
-      const int c = c0 + lane;
-      const bool active = c < chunks;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (active) {
-        lo = __ldg(src + 2 * c);
-        hi = __ldg(src + 2 * c + 1);
-      }
-      float scale = 0.0f;
-      const uint4 q = quantize16_fp8(lo, hi, &scale);
-      if (active) {
-        reinterpret_cast<uint4*>(src_x + static_cast<size_t>(t) * H)[c] = q;
-        if ((lane & 7) == 0) src_scales[static_cast<size_t>(t) * S + c / 8] = scale;
+    if constexpr (kFormat == MegaFormat::kBf16) {
+      warp_copy16(reinterpret_cast<uint4*>(src_x + static_cast<size_t>(t) * H * 2), src, H / 8, lane);
+    } else {
+      const int chunks = H / 16;
+      for (int c0 = 0; c0 < chunks; c0 += 32) {
+        const int c = c0 + lane;
+        const bool active = c < chunks;
+        uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+        if (active) {
+          lo = __ldg(src + 2 * c);
+          hi = __ldg(src + 2 * c + 1);
+        }
+        float scale = 0.0f;
+        const uint4 q = quantize16_fp8(lo, hi, &scale);
+        if (active) {
+          reinterpret_cast<uint4*>(src_x + static_cast<size_t>(t) * H)[c] = q;
+          if ((lane & 7) == 0) src_scales[static_cast<size_t>(t) * S + c / 8] = scale;
+        }
       }
     }
   }
 }
 
 // Phase 3, one warp per (sender, token). `offsets` = expert offsets in shared memory, `tokens_of` = T per sender.
+// A row is P * H bytes (P = mega_element_bytes), plus S scales for FP8.
+template <MegaFormat kFormat>
 __device__ inline void pull_tokens(const MegaMoeParams& p, const int* offsets, const int* tokens_of) {
+  constexpr bool kScales = kFormat == MegaFormat::kFp8Block;
   const int lane = threadIdx.x & 31;
   const int warps = blockDim.x / 32;
   const int warp_global = blockIdx.x * warps + static_cast<int>(threadIdx.x) / 32;
   const int R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = H / kEpScaleGroup;
+  const size_t row_bytes = static_cast<size_t>(H) * mega_element_bytes(kFormat);
   const int first = p.ctx.rank * p.experts_per_rank;
   int total = 0;
   for (int s = 0; s < R; ++s) total += tokens_of[s];
@@ -253,7 +279,7 @@ __device__ inline void pull_tokens(const MegaMoeParams& p, const int* offsets, c
     const int local = lane < k ? __ldcg(ids + lane) - first : -1;
     const float weight = lane < k ? __ldcg(weights + lane) : 0.0f;
     unsigned mask = __ballot_sync(0xffffffffu, local >= 0 && local < p.experts_per_rank);
-    const uint4* x_src = reinterpret_cast<const uint4*>(p.region<uint8_t>(s, p.layout.src_x) + static_cast<size_t>(t) * H);
+    const uint4* x_src = reinterpret_cast<const uint4*>(p.region<uint8_t>(s, p.layout.src_x) + t * row_bytes);
     const float* scale_src = p.region<float>(s, p.layout.src_scales) + static_cast<size_t>(t) * S;
     while (mask) {
       const int j = __ffs(mask) - 1;
@@ -264,11 +290,12 @@ __device__ inline void pull_tokens(const MegaMoeParams& p, const int* offsets, c
       if (lane == 0) row = offsets[e] + atomicAdd(p.cursors + e, 1);
       row = __shfl_sync(0xffffffffu, row, 0);
       if (row >= offsets[e + 1] || row >= p.max_rows) continue;  // only when a peer sent corrupt counts
-      uint4* x_dst = reinterpret_cast<uint4*>(p.grouped_x + static_cast<size_t>(row) * H);
-      float* scale_dst = p.grouped_scales + static_cast<size_t>(row) * S;
+      uint4* x_dst = reinterpret_cast<uint4*>(p.grouped_x + row * row_bytes);
+      float* scale_dst = kScales ? p.grouped_scales + static_cast<size_t>(row) * S : nullptr;
       // The first copy comes over NVLink; later copies of the same token read the first local copy.
-      warp_copy16(x_dst, x_src, H / 16, lane);
-      for (int i = lane; i < S; i += 32) scale_dst[i] = __ldcg(scale_src + i);
+      warp_copy16(x_dst, x_src, static_cast<int>(row_bytes / 16), lane);
+      if constexpr (kScales)
+        for (int i = lane; i < S; i += 32) scale_dst[i] = __ldcg(scale_src + i);
       if (lane == 0) {
         p.sources[row] = RowSource{s, t, j, w};
         p.row_weights[row] = w;
@@ -292,13 +319,17 @@ constexpr int mega_moe_shared_bytes(int local_experts) {
   return Layout::shared_bytes(local_experts) + 4 * (local_experts + 1);
 }
 
-template <class Layout>
+// Tensor maps (byte matrices, 128-byte swizzle, as the grouped GEMMs): x_map over grouped_x
+// [max_rows, P * H], w13_map over the packed W13 [E_local * 2I, P * H], act_map over act
+// [max_rows, P * I], w2_map over W2 [E_local * H, P * I]; P = mega_element_bytes(kFormat).
+template <class Layout, MegaFormat kFormat>
 __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
-    sm90_mega_moe_fp8_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w13_map,
-                             const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w2_map,
-                             const MegaMoeParams p) {
+    sm90_mega_moe_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constant__ CUtensorMap w13_map,
+                         const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w2_map,
+                         const MegaMoeParams p) {
   using namespace sm90;
   using namespace mega_detail;
+  constexpr bool kFp8 = kFormat == MegaFormat::kFp8Block;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kBlockN == 256 && Layout::kWarpgroupsMValue == 1, "both GEMMs run split-N 256-column tiles");
 
@@ -325,10 +356,10 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   __syncthreads();
   if (!cta_flag) return;
 
-  // ---- 1: quantize this rank's tokens into its own window, publish ---------------------------------
+  // ---- 1: stage this rank's tokens in its own window, publish ---------------------------------------
   {
     uint32_t mine = 0;
-    quantize_own_tokens(p, &mine);
+    stage_own_tokens<kFormat>(p, &mine);
     if ((threadIdx.x & 31) < R && mine) atomicAdd(&expected_counts[threadIdx.x & 31], mine);
   }
   __syncthreads();
@@ -373,7 +404,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   if (threadIdx.x / 32 == 1) build_expert_tile_table<kBlockM>(table, offsets, E, static_cast<int>(p.max_rows));
 
   // ---- 3: pull the tokens of my experts from every rank ---------------------------------------------
-  pull_tokens(p, offsets, tokens_of);
+  pull_tokens<kFormat>(p, offsets, tokens_of);
   __syncthreads();  // also publishes the tile table
   if (threadIdx.x == 0 && last_cta_arrives(p.ctas_gathered))
     for (int s = 0; s < R; ++s) ep_device::store_release_sys(p.region<uint64_t>(s, p.layout.pulled) + me, target);
@@ -382,7 +413,8 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   const int H = p.hidden, I = p.intermediate, k = p.top_k;
   const int m_tiles = table.tile_prefix[E];
   const int n1_tiles = 2 * I / kBlockN, n2_tiles = H / kBlockN;
-  const int k1_blocks = H / kBlockK, k2_blocks = I / kBlockK;
+  // Pipeline stages of 128 bytes of K: 128 FP8 elements or 64 BF16 ones.
+  const int k1_blocks = H * mega_element_bytes(kFormat) / kBlockK, k2_blocks = I * mega_element_bytes(kFormat) / kBlockK;
   const int total_tiles = m_tiles * (n1_tiles + n2_tiles);
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
@@ -431,13 +463,19 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           wait_local_geq(p.ctx, p.arrived + expert1, static_cast<uint64_t>(offsets[expert1 + 1] - offsets[expert1]));
         __syncwarp();
         const MathRows<Layout::kSubTiles> where(t.m0, t.m_end, row_in_tile);
-        const int n_block = t.n_tile * 2 + math_wg;
-        const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
-        fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.grouped_scales, b_scales, k1_blocks, 0,
-                                        math_wg, cursor);
-        swiglu_quant_fp8_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
-                                                p.apply_topk_in_fc1 ? p.row_weights : nullptr, p.act, p.act_scales,
-                                                p.activation, p.limit, p.alpha);
+        const float* topk_weights = p.apply_topk_in_fc1 ? p.row_weights : nullptr;
+        if constexpr (kFp8) {
+          const int n_block = t.n_tile * 2 + math_wg;
+          const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
+          fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.grouped_scales, b_scales, k1_blocks, 0,
+                                          math_wg, cursor);
+          swiglu_quant_fp8_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I, topk_weights,
+                                                  p.act, p.act_scales, p.activation, p.limit, p.alpha);
+        } else {
+          bf16_tile_mainloop<Layout>(accumulator, smem, k1_blocks, 0, math_wg, cursor);
+          swiglu_bf16_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I, topk_weights,
+                                             reinterpret_cast<__nv_bfloat16*>(p.act), p.activation, p.limit, p.alpha);
+        }
         if (math_wg == 1) {  // the up warpgroup stored the tile
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
@@ -449,10 +487,14 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
         if (lane == 0) wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
         __syncwarp();
         const MathRows<Layout::kSubTiles> where(t.m0, t.m_end, row_in_tile);
-        const int n_block = t.n_tile * 2 + math_wg;
-        const float* b_scales = p.w2_scales + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
-        fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.act_scales, b_scales, k2_blocks, 0,
-                                        math_wg, cursor);
+        if constexpr (kFp8) {
+          const int n_block = t.n_tile * 2 + math_wg;
+          const float* b_scales = p.w2_scales + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
+          fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.act_scales, b_scales, k2_blocks, 0,
+                                          math_wg, cursor);
+        } else {
+          bf16_tile_mainloop<Layout>(accumulator, smem, k2_blocks, 0, math_wg, cursor);
+        }
         store_bf16_epilogue_wide(accumulator, where, t.n_tile * kBlockN + math_wg * 128, [&](int row) {
           const int4 raw = __ldcg(reinterpret_cast<const int4*>(p.sources + row));  // RowSource {rank, token, slot, w}
           return p.region<__nv_bfloat16>(raw.x, p.layout.combine_rows) + (static_cast<size_t>(raw.y) * k + raw.z) * H;
@@ -527,10 +569,10 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
 // are co-resident (they wait on each other). NOTES: while the stream is being captured into a graph
 // the launch is a plain one (a graph node then runs alone on the GPU with the same one-CTA-per-SM
 // grid, so co-residency holds as long as nothing else runs concurrently on other streams).
-template <class Layout>
-inline void launch_mega_moe_fp8(const CUtensorMap& x_map, const CUtensorMap& w13_map, const CUtensorMap& act_map,
-                                const CUtensorMap& w2_map, const MegaMoeParams& p, int ctas, cudaStream_t stream) {
-  auto* kernel = &sm90_mega_moe_fp8_kernel<Layout>;
+template <class Layout, MegaFormat kFormat>
+inline void launch_mega_moe(const CUtensorMap& x_map, const CUtensorMap& w13_map, const CUtensorMap& act_map,
+                            const CUtensorMap& w2_map, const MegaMoeParams& p, int ctas, cudaStream_t stream) {
+  auto* kernel = &sm90_mega_moe_kernel<Layout, kFormat>;
   const int shared_bytes = mega_moe_shared_bytes<Layout>(p.experts_per_rank);
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   cudaLaunchConfig_t config{};

@@ -20,14 +20,18 @@
 namespace megamoe {
 namespace {
 
+using kernels::MegaFormat;
 using kernels::MegaMoeParams;
 // Both GEMMs of one launch use the same BLOCK_M (one m-tile table, one gemm1_done counter per m-tile).
+// Both formats use these carve-ups (a BF16 stage is the same 128-byte rows; the 16 KiB SwiGLU exchange
+// serves both SwiGLU epilogues).
 using SmallTiles = kernels::sm90::GroupedGemmLayout<1, 1, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 64 x 256
 using LargeTiles = kernels::sm90::GroupedGemmLayout<1, 2, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 128 x 256
 
 // What mega layers share (MoeWorkspace): the symmetric window (make_mega_moe_layout), the grouped
 // activations, GEMM-1 output, row tables, the kernel's counters and its epoch, and the activation
-// tensor maps over them. max_rows = ranks * C * min(top_k, local experts).
+// tensor maps over them. max_rows = ranks * C * min(top_k, local experts). Sized for one format (P bytes
+// per token element, scales for FP8 only), which is part of the key.
 struct MegaScratch final : MoeWorkspace::Shared {
   SymmetricBuffer window;  // freed by EpGroup::destroy (a collective)
   MegaMoeParams params{};  // the shared fields only (see MegaBackend's constructor)
@@ -48,9 +52,14 @@ struct MegaScratch final : MoeWorkspace::Shared {
   }
 };
 
+MegaFormat mega_format(WeightFormat format) {
+  return format == WeightFormat::kBf16 ? MegaFormat::kBf16 : MegaFormat::kFp8Block;
+}
+
 std::string mega_scratch_key(const MoeConfig& c, const EpGroup& ep) {
   return detail::concat("mega H=", c.hidden, " I=", c.intermediate, " E=", c.num_experts, " k=", c.top_k,
-                        " C=", c.max_tokens_per_rank, " group=", static_cast<const void*>(&ep), " ranks=", ep.size());
+                        " C=", c.max_tokens_per_rank, " format=", weight_format_name(c.weight_format),
+                        " group=", static_cast<const void*>(&ep), " ranks=", ep.size());
 }
 
 // Makes the shared region (collective: allocates the window).
@@ -59,8 +68,11 @@ std::shared_ptr<MegaScratch> make_mega_scratch(const MoeConfig& config, EpGroup&
   const int R = ep.size();
   const int64_t H = config.hidden, I = config.intermediate, E = config.num_experts / R, C = config.max_tokens_per_rank;
   const int64_t max_rows = R * C * std::min<int64_t>(config.top_k, E);
+  const MegaFormat format = mega_format(config.weight_format);
+  const bool fp8 = format == MegaFormat::kFp8Block;
+  const int64_t P = kernels::mega_element_bytes(format);
   const kernels::MegaMoeLayout layout = kernels::make_mega_moe_layout(config.max_tokens_per_rank, config.hidden,
-                                                                       config.top_k, config.num_experts);
+                                                                       config.top_k, config.num_experts, format);
   scratch->window = ep.allocate(layout.total);  // collective; zeroed
   scratch->symmetric_bytes = scratch->window.bytes;
   MegaMoeParams& p = scratch->params;
@@ -76,18 +88,18 @@ std::shared_ptr<MegaScratch> make_mega_scratch(const MoeConfig& config, EpGroup&
   p.arrived = static_cast<uint64_t*>(scratch->alloc(sizeof(uint64_t) * E));
   p.max_m_tiles = static_cast<int>((max_rows + SmallTiles::kBlockM - 1) / SmallTiles::kBlockM + E);
   p.gemm1_done = static_cast<uint64_t*>(scratch->alloc(sizeof(uint64_t) * p.max_m_tiles));
-  p.grouped_x = static_cast<uint8_t*>(scratch->alloc(max_rows * H));
-  p.grouped_scales = static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (H / 128)));
+  p.grouped_x = static_cast<uint8_t*>(scratch->alloc(max_rows * H * P));
+  p.grouped_scales = fp8 ? static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;
   p.sources = static_cast<RowSource*>(scratch->alloc(sizeof(RowSource) * max_rows));
   p.row_weights = static_cast<float*>(scratch->alloc(sizeof(float) * max_rows));
-  p.act = static_cast<uint8_t*>(scratch->alloc(max_rows * I));
-  p.act_scales = static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (I / 128)));
+  p.act = static_cast<uint8_t*>(scratch->alloc(max_rows * I * P));
+  p.act_scales = fp8 ? static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (I / 128))) : nullptr;
   p.max_rows = max_rows;
   using kernels::detail::make_grouped_gemm_tensor_map;
   for (int v = 0; v < 2; ++v) {
     const uint32_t block_m = v == 0 ? SmallTiles::kBlockM : LargeTiles::kBlockM;
-    scratch->maps[v].x = make_grouped_gemm_tensor_map(p.grouped_x, H, max_rows, block_m);
-    scratch->maps[v].act = make_grouped_gemm_tensor_map(p.act, I, max_rows, block_m);
+    scratch->maps[v].x = make_grouped_gemm_tensor_map(p.grouped_x, H * P, max_rows, block_m);
+    scratch->maps[v].act = make_grouped_gemm_tensor_map(p.act, I * P, max_rows, block_m);
   }
   return scratch;
 }
@@ -120,10 +132,14 @@ class MegaBackend final : public MoeBackend {
     scratch_ = std::static_pointer_cast<MegaScratch>(
         workspace->acquire(mega_scratch_key(config, *ep), [&] { return make_mega_scratch(config, *ep); }));
 
-    w13_ = alloc(E * 2 * I * H);
-    w2_ = alloc(E * H * I);
-    w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (2 * I / 128) * (H / 128)));
-    w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (H / 128) * (I / 128)));
+    format_ = mega_format(config.weight_format);
+    const int64_t P = kernels::mega_element_bytes(format_);
+    w13_ = alloc(E * 2 * I * H * P);
+    w2_ = alloc(E * H * I * P);
+    if (format_ == MegaFormat::kFp8Block) {  // BF16 weights have no scales
+      w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (2 * I / 128) * (H / 128)));
+      w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (H / 128) * (I / 128)));
+    }
 
     // Shared fields (window, counters, epoch, grouped rows, act) from the region; the rest is this layer's.
     MegaMoeParams& p = params_;
@@ -146,8 +162,8 @@ class MegaBackend final : public MoeBackend {
       maps_[v].act = scratch_->maps[v].act;
     }
     using kernels::detail::make_grouped_gemm_tensor_map;
-    w13_map_ = make_grouped_gemm_tensor_map(w13_, H, E * 2 * I, 256);
-    w2_map_ = make_grouped_gemm_tensor_map(w2_, I, E * H, 256);
+    w13_map_ = make_grouped_gemm_tensor_map(w13_, H * P, E * 2 * I, 256);
+    w2_map_ = make_grouped_gemm_tensor_map(w2_, I * P, E * H, 256);
     int device = 0;
     MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
     MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&ctas_, cudaDevAttrMultiProcessorCount, device));
@@ -221,10 +237,17 @@ class MegaBackend final : public MoeBackend {
     // this one); the choice is local: ranks may differ.
     const int64_t rows_hint = T * config_.top_k / std::max(1, local_experts_);
     const auto s = static_cast<cudaStream_t>(stream);
-    if (rows_hint <= 64)
-      kernels::launch_mega_moe_fp8<SmallTiles>(maps_[0].x, w13_map_, maps_[0].act, w2_map_, p, ctas_, s);
-    else
-      kernels::launch_mega_moe_fp8<LargeTiles>(maps_[1].x, w13_map_, maps_[1].act, w2_map_, p, ctas_, s);
+    const bool small = rows_hint <= 64;
+    const ActivationMaps& maps = maps_[small ? 0 : 1];
+    using kernels::launch_mega_moe;
+    constexpr MegaFormat kBf16 = MegaFormat::kBf16, kFp8 = MegaFormat::kFp8Block;
+    if (format_ == kBf16) {
+      if (small) launch_mega_moe<SmallTiles, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      else launch_mega_moe<LargeTiles, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+    } else {
+      if (small) launch_mega_moe<SmallTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      else launch_mega_moe<LargeTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+    }
   }
 
   void destroy() override {
@@ -260,6 +283,7 @@ class MegaBackend final : public MoeBackend {
   std::shared_ptr<MoeWorkspace> workspace_;
   std::shared_ptr<MegaScratch> scratch_;
   MegaMoeParams params_{};
+  MegaFormat format_ = MegaFormat::kFp8Block;
   ActivationMaps maps_[2]{};
   CUtensorMap w13_map_{}, w2_map_{};
   int ctas_ = 0;

@@ -9,7 +9,7 @@
 
 namespace megamoe {
 
-// What `mega` runs: FP8-block weights, SiLU-and-mul and clamped SwiGLU, apply_topk_in_fc1, 1..8 ranks.
+// What `mega` runs: FP8-block and BF16 weights, SiLU-and-mul and clamped SwiGLU, apply_topk_in_fc1, 1..8 ranks.
 Capabilities mega_capabilities();
 // Empty when `mega` can run `config` on `ranks` ranks, else every reason (naming the field and the
 // limit, and for an unsupported weight format why it is not supported yet). Plain C++ (CI tests it).

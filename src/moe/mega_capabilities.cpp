@@ -11,7 +11,7 @@ namespace megamoe {
 
 Capabilities mega_capabilities() {
   Capabilities c;
-  c.formats = {WeightFormat::kFp8Block};
+  c.formats = {WeightFormat::kFp8Block, WeightFormat::kBf16};
   c.activations = {Activation::Kind::kSiluMul, Activation::Kind::kSwigluClamped};
   c.min_ranks = 1;
   c.max_ranks = kMaxEpRanks;
@@ -26,17 +26,17 @@ std::string mega_reject_reason(const MoeConfig& c, int ranks) {
   auto add = [&](auto&&... parts) { reasons.push_back(detail::concat(parts...)); };
   if (ranks < 1 || ranks > kMaxEpRanks) add("ranks = ", ranks, " must be in [1, ", kMaxEpRanks, "]");
   switch (c.weight_format) {
-    case WeightFormat::kFp8Block: break;
-    case WeightFormat::kBf16:
-      add("weight_format bf16 is not supported yet: the fused kernel runs the FP8-block GEMM pipeline only "
-          "(the BF16 grouped GEMM exists; use backend staged for bf16)");
-      break;
+    case WeightFormat::kFp8Block:
+    case WeightFormat::kBf16: break;
     case WeightFormat::kNvfp4:
     case WeightFormat::kMxfp4:
       add("weight_format ", weight_format_name(c.weight_format),
-          " is not supported: it needs the W4A8 (FP4 -> FP8 decode) grouped GEMM, which is not implemented yet");
+          " is not supported yet: the fused kernel runs the FP8-block and BF16 GEMM pipelines only (the W4A8 "
+          "FP4 -> FP8 decode GEMM is not fused into it; use backend staged for ", weight_format_name(c.weight_format), ")");
       break;
-    default: add("weight_format ", weight_format_name(c.weight_format), " is not supported"); break;
+    default:
+      add("weight_format ", weight_format_name(c.weight_format), " is not supported (mega runs fp8_block and bf16)");
+      break;
   }
   if (c.hidden <= 0 || c.hidden % 256 != 0)
     add("hidden = ", c.hidden, " must be a positive multiple of 256 (GEMM 2 runs 256-column split-N tiles)");

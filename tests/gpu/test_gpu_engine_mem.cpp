@@ -45,7 +45,7 @@ RunnerOptions gpu_options(const std::string& backend) {
   o.hf_overrides = kGeometry;
   o.moe_backend = backend;
   o.device = "cuda";
-  if (backend == "mega") o.load.quantization = WeightFormat::kFp8Block;  // mega runs FP8 experts
+  if (backend == "mega") o.load.quantization = WeightFormat::kFp8Block;  // mega on FP8 experts (staged covers BF16)
   o.kv_block_size = 16;
   o.num_kv_blocks = 160;
   return o;

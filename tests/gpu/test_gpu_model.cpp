@@ -221,7 +221,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuTinyModel, ::testing::Values("tiny-qwen3-m
 
 // The staged backend needs hidden and moe_intermediate in multiples of 128: the tiny fixtures'
 // configs scaled up, with dummy weights (the same seeded values on both runners), head_dim 128.
-// Each geometry runs the staged backend on BF16 experts, and staged and mega on FP8-block experts
+// Each geometry runs staged and mega on BF16 experts, and staged and mega on FP8-block experts
 // (online quantization at load, the same quantized weights on both runners: the CPU reference
 // backend rounds activations to FP8 like the kernels, see src/backends/reference.cpp).
 // FP8 bound: the MoE input is rounded to e4m3 (3 mantissa bits, steps of 2^-4 relative), and the
@@ -278,6 +278,7 @@ INSTANTIATE_TEST_SUITE_P(
       std::vector<StagedCase> cases;
       for (const auto& [model, overrides] : {std::pair{"tiny-qwen3-moe", qwen3}, std::pair{"tiny-mixtral", mixtral}}) {
         cases.push_back({model, overrides, "staged", std::nullopt});
+        cases.push_back({model, overrides, "mega", std::nullopt});
         cases.push_back({model, overrides, "staged", WeightFormat::kFp8Block});
         cases.push_back({model, overrides, "mega", WeightFormat::kFp8Block});
       }

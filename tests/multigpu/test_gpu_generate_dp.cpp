@@ -1,8 +1,8 @@
 // `megamoe generate` with DP2 attention + EP2 MoE (staged, one process per GPU through our launcher)
 // against DP1 (one GPU holding every expert): each rank's greedy tokens equal the DP1 run of that
 // rank's prompt; and each rank's logits (--logits-out) against the CPU runner with the reference
-// backend on the same dummy (and, for FP8, the same quantized) weights, staged and mega. Run as the
-// built binary, on dummy weights of a staged-capable geometry.
+// backend on the same dummy (and, for FP8, the same quantized) weights, staged and mega, BF16 and FP8
+// experts. Run as the built binary, on dummy weights of a staged-capable geometry.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -83,6 +83,7 @@ TEST(GpuGenerate, DataParallel2LogitsMatchCpuReference) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("megamoe_dp_logits_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   for (const auto& [backend, quantization] : {std::pair<std::string, std::string>{"staged", ""},
+                                              std::pair<std::string, std::string>{"mega", ""},
                                               std::pair<std::string, std::string>{"staged", "fp8"},
                                               std::pair<std::string, std::string>{"mega", "fp8"}}) {
     const std::string quant = quantization.empty() ? "" : " --quantization " + quantization;

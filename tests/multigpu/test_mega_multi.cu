@@ -1,5 +1,6 @@
-// The `mega` backend on 2 GPUs, one process per GPU: vs the host reference on every routing, unequal
-// and zero token counts, graph replay, determinism, mega vs staged, and a stalled peer.
+// The `mega` backend on 2 GPUs, one process per GPU, FP8-block and BF16 weights: vs the host reference
+// on every routing, unequal and zero token counts, graph replay, determinism, mega vs staged bit for
+// bit, and a stalled peer.
 #include <chrono>
 #include <thread>
 
@@ -24,44 +25,61 @@ struct RankStream {
   ~RankStream() { cudaStreamDestroy(stream); }
 };
 
-TEST(MegaMulti, MatchesReferenceOnEveryRouting) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+// mega on 2 ranks vs staged on ONE rank holding every expert (BackendCaseOptions::compare_on_single_rank):
+// 0 differing elements. Per row the GEMMs are the same device code on the same bytes wherever the row
+// is computed, and mega's combine sums a token's k slots in one fp32 chain on any rank count, as staged
+// does on one rank. (A 2-rank staged rounds each rank's partial sum to bf16 first: that differs from
+// mega by up to that rounding, and both are checked against the reference instead.)
+void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat format) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
   for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
     LayerCase lc;
-    lc.config = MoeConfig{256, 256, 8, 3, WeightFormat::kFp8Block, Activation{}, false, 0, 96};
+    lc.config = MoeConfig{256, 256, 8, 3, format, Activation{}, false, 0, 96};
     lc.routing = routing;
     lc.seed = 41 + static_cast<int>(routing);
     lc.tokens_per_rank = {61, 83};  // unequal
     BackendCaseOptions options;
     options.graph_replay = routing == Routing::kUniform || routing == Routing::kAllToRank0;
     options.repeats = 3;
-    options.compare_with = routing == Routing::kUniform ? "staged" : nullptr;
+    options.compare_with = routing == Routing::kUniform || routing == Routing::kPadded ? "staged" : nullptr;
+    options.compare_on_single_rank = true;
+    options.max_differing = 0;
     run_backend_case("mega", *group, lc, s.stream, options);
   }
   LayerCase empty_rank;  // rank 0 has no tokens at all
-  empty_rank.config = MoeConfig{256, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
+  empty_rank.config = MoeConfig{256, 256, 8, 2, format, Activation{}, false, 0, 64};
   empty_rank.tokens_per_rank = {0, 50};
   BackendCaseOptions replay;
   replay.graph_replay = true;
   run_backend_case("mega", *group, empty_rank, s.stream, replay);
   LayerCase wide;  // DeepSeek-like width and top-k, 128-row tiles, clamped SwiGLU with top-k in fc1
-  wide.config = MoeConfig{1024, 512, 16, 8, WeightFormat::kFp8Block,
-                          Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true, 0, 300};
+  wide.config = MoeConfig{1024, 512, 16, 8, format, Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true,
+                          0, 300};
   wide.tokens_per_rank = {200, 151};
   BackendCaseOptions repeat;
   repeat.repeats = 5;
   repeat.compare_with = "staged";
+  repeat.compare_on_single_rank = true;
+  repeat.max_differing = 0;
   run_backend_case("mega", *group, wide, s.stream, repeat);
   group->destroy();
 }
 
-TEST(MegaMulti, ChangingTokenCountsEveryCall) {
+TEST(MegaMulti, MatchesReferenceOnEveryRouting) {
   MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  matches_reference_on_every_routing(rank, WeightFormat::kFp8Block);
+}
+
+TEST(MegaMulti, Bf16MatchesReferenceOnEveryRouting) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  matches_reference_on_every_routing(rank, WeightFormat::kBf16);
+}
+
+void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
-  const MoeConfig c{256, 256, 8, 4, WeightFormat::kFp8Block, Activation{}, false, 0, 128};
+  const MoeConfig c{256, 256, 8, 4, format, Activation{}, false, 0, 128};
   const auto experts = make_experts(c, 9);
   auto backend = make_backend("mega", c, group.get());
   for (int e = 0; e < backend->num_local_experts(); ++e)
@@ -91,6 +109,16 @@ TEST(MegaMulti, ChangingTokenCountsEveryCall) {
   EXPECT_GT(checked, 0);
   backend->destroy();
   group->destroy();
+}
+
+TEST(MegaMulti, ChangingTokenCountsEveryCall) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  changing_token_counts_every_call(rank, WeightFormat::kFp8Block);
+}
+
+TEST(MegaMulti, Bf16ChangingTokenCountsEveryCall) {
+  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  changing_token_counts_every_call(rank, WeightFormat::kBf16);
 }
 
 TEST(MegaMulti, StalledPeerTimesOutWithItsName) {

@@ -51,7 +51,7 @@ TEST(MoeWorkspaceMulti, SharedLayersEqualPrivateLayersOnTwoRanks) {
       ASSERT_EQ(got, b.download_out());
       if (T > 0) {
         std::vector<double> tolerance;
-        const auto ref = reference_layer(c, experts[l], in, &tolerance, R);
+        const auto ref = reference_layer(c, experts[l], in, &tolerance, reference_combine_ranks(backend, R));
         const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
         EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format));
         EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
