@@ -1,4 +1,4 @@
-// The CPU model runner against Hugging Face transformers (fp32 goldens in tests/fixtures/tiny-*),
+// The CPU model runner against Hugging Face transformers (fp32 goldens in tests/fixtures/{tiny,small}-*),
 // and its own invariants: packed batches == one sequence at a time, chunked prefill == whole prefill.
 #include <gtest/gtest.h>
 
@@ -170,7 +170,13 @@ TEST_P(TinyModel, MoeStepsSplitAtMaxTokensPerStepEqualWhole) {
   EXPECT_EQ(prefill_logits(*split, ids), prefill_logits(*whole, ids));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TinyModel, ::testing::Values("tiny-qwen3-moe", "tiny-mixtral"),
-                         [](const auto& info) { return info.param == "tiny-mixtral" ? "Mixtral" : "Qwen3Moe"; });
+// small-*: the GPU kernels' geometry (hidden 256), the same checkpoints the GPU tests run on staged/mega.
+INSTANTIATE_TEST_SUITE_P(Fixtures, TinyModel,
+                         ::testing::Values("tiny-qwen3-moe", "tiny-mixtral", "small-qwen3-moe", "small-mixtral"),
+                         [](const auto& info) {
+                           const std::string& name = info.param;
+                           return std::string(name.rfind("small-", 0) == 0 ? "Small" : "") +
+                                  (name.find("mixtral") != std::string::npos ? "Mixtral" : "Qwen3Moe");
+                         });
 
 }  // namespace
