@@ -269,17 +269,20 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
       accumulator[s][32 * half + 4 * j + 3] += partial[half][4 * j + 3] * scale1;
     }
   };
+  // wgmma descriptors as in fp8_tile_mainloop: stage-0 start-address words + constant adds (v7).
+  const uint32_t a_descriptor0 =
+      kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
+  const uint32_t b_descriptor0 = kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + wg_n * 128 * kBlockK));
   const auto issue = [&](int stage, int s, int half) {
-    const uint32_t a_base = smem_address(smem.a_tiles + stage * Layout::kABytes +
-                                         (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
-    const uint32_t b_base = smem_address(smem.b_tiles + stage * Layout::kBBytes + (wg_n * 128 + 64 * half) * kBlockK);
+    const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4) + ((64 * s * kBlockK) >> 4);
+    const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4) + ((64 * half * kBlockK) >> 4);
 #pragma unroll
     for (int i = 0; i < 32; ++i) fence_operand(partial[half][i]);
     wgmma_fence();
 #pragma unroll
     for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-      wgmma_m64n64k32_e4m3(partial[half], make_kmajor_sw128_descriptor(a_base + k_step * 32),
-                           make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+      wgmma_m64n64k32_e4m3(partial[half], sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                           sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
     wgmma_commit();
   };
 
@@ -367,19 +370,24 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
       next_scale_b = __ldg(b_scales + kb + 1);
     }
     barrier_wait(&smem.full[cursor.stage], cursor.phase);
-    const uint32_t b_base = smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK);
+    // wgmma descriptors (v7): the start-address words of this warpgroup's A and B slices of the stage,
+    // once per k-block; sub-tile and k-step are constant adds to them (kmajor_sw128_descriptor_low
+    // NOTES) instead of a full descriptor rebuilt for every wgmma. (Words computed once per tile and
+    // carried through the loop cost the fused kernel 16 more spill bytes: recomputed here instead.)
+    const uint32_t a_stage = kmajor_sw128_descriptor_low(smem_address(
+        smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
+    const uint32_t b_stage =
+        kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
 #pragma unroll
     for (int s = 0; s < kSubTilesM; ++s) {
-      const uint32_t a_base = smem_address(smem.a_tiles + cursor.stage * Layout::kABytes +
-                                           (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
 #pragma unroll
       for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
       if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
       wgmma_fence();
 #pragma unroll
       for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
-                              make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
+                              sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
       wgmma_commit();
       if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
       wgmma_wait<0>();
@@ -581,7 +589,10 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const Fp8GemmShared<Layout> smem(shared_raw);
   const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
 
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0: the compiler then knows the role branch below is warp-uniform, and keeps
+  // more of the math warpgroups' uniform arithmetic (descriptor words, stage offsets) on the uniform
+  // datapath (v7: 286 -> 278 SASS instructions per k-block of the 128 x 256 SwiGLU kernel).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     smem.init_barriers();
