@@ -591,7 +591,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   // Broadcast from lane 0: the compiler then knows the role branch below is warp-uniform, and keeps
   // more of the math warpgroups' uniform arithmetic (descriptor words, stage offsets) on the uniform
-  // datapath (v7: 286 -> 278 SASS instructions per k-block of the 128 x 256 SwiGLU kernel).
+  // datapath (v7, measured with per-tile descriptor words: 286 -> 278 SASS instructions per k-block of
+  // the 128 x 256 SwiGLU kernel).
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
