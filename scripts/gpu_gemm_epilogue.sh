@@ -6,7 +6,8 @@
 #   OUT=$OUT bash .xfer/gemm-epilogue/scripts/gpu_gemm_epilogue.sh
 # .xfer/pre-gemm-epilogue/variant-a/libmegamoe.so (optional): the library with step A only (balanced
 # epilogue, no descriptor hoisting); the new `megamoe` runs against it through LD_LIBRARY_PATH.
-# Layout in time (BUDGET seconds, default 185; a step that would not fit is skipped and says so):
+# Layout in time (BUDGET seconds, default 185 for a `run` with timeout_s 195; a step that would not
+# fit is skipped and says so; BUDGET=110 keeps the tests and the GEMM benchmarks only):
 #   GPU 0: GroupedGemmFp8.* + MegaSingle.* (new; GEMM-1 outputs dumped for the old/new compare)
 #   GPU 1: bench gemm old, new, [A], old, new; then the GEMM-1 tests of the new test binary against
 #          main's libmegamoe.so (dump), then MegaMulti.* (both GPUs, correctness only)
@@ -24,7 +25,8 @@ nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$out/gpus.txt
 models=(dsv3 ms4 qwen3-30b); rows=(128 1024 4096)
 
 mkdir -p "$out/dump_new" "$out/dump_old"
-( CUDA_VISIBLE_DEVICES=0 MEGAMOE_TEST_GEMM1_DUMP="$out/dump_new" timeout 150 "$new/tests/megamoe_tests_gpu" \
+( CUDA_VISIBLE_DEVICES=0 MEGAMOE_TEST_GEMM1_DUMP="$out/dump_new" timeout $(( budget - 10 < 150 ? budget - 10 : 150 )) \
+    "$new/tests/megamoe_tests_gpu" \
     --gtest_filter='GroupedGemmFp8.*:MegaSingle.*' --gtest_brief=1 >"$out/test_gpu.log" 2>&1
   echo "test_gpu rc=$? $(( $(date +%s) - t0 ))s" >>"$out/steps.txt" ) &
 gpu_tests=$!
