@@ -68,8 +68,9 @@ struct GroupedGemmLayout {
   static constexpr int kBlockN = 128 * (kMathWarpgroups / kWarpgroupsM);
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
-  // SwiGLU: the gate accumulators cross to the up warpgroup kExchangeRegisters registers per thread
-  // at a time (16 KiB), not all at once (64 KiB at 128 x 256), which leaves room for a 4th stage.
+  // SwiGLU: the accumulators the other math warpgroup finishes cross through shared memory
+  // kExchangeRegisters registers per thread at a time (16 KiB; half each way in the FP8 epilogue), not
+  // all at once (64 KiB at 128 x 256), which leaves room for a 4th stage.
   static constexpr int kExchangeRegisters = 32;
   static constexpr int kExchangeBytes = kEpilogue == Epilogue::kSwigluQuantFp8 ? kExchangeRegisters * 128 * 4 : 0;
   static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
@@ -268,17 +269,20 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
       accumulator[s][32 * half + 4 * j + 3] += partial[half][4 * j + 3] * scale1;
     }
   };
+  // wgmma descriptors as in fp8_tile_mainloop: stage-0 start-address words + constant adds (v7).
+  const uint32_t a_descriptor0 =
+      kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
+  const uint32_t b_descriptor0 = kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + wg_n * 128 * kBlockK));
   const auto issue = [&](int stage, int s, int half) {
-    const uint32_t a_base = smem_address(smem.a_tiles + stage * Layout::kABytes +
-                                         (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
-    const uint32_t b_base = smem_address(smem.b_tiles + stage * Layout::kBBytes + (wg_n * 128 + 64 * half) * kBlockK);
+    const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4) + ((64 * s * kBlockK) >> 4);
+    const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4) + ((64 * half * kBlockK) >> 4);
 #pragma unroll
     for (int i = 0; i < 32; ++i) fence_operand(partial[half][i]);
     wgmma_fence();
 #pragma unroll
     for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-      wgmma_m64n64k32_e4m3(partial[half], make_kmajor_sw128_descriptor(a_base + k_step * 32),
-                           make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+      wgmma_m64n64k32_e4m3(partial[half], sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                           sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
     wgmma_commit();
   };
 
@@ -366,19 +370,24 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
       next_scale_b = __ldg(b_scales + kb + 1);
     }
     barrier_wait(&smem.full[cursor.stage], cursor.phase);
-    const uint32_t b_base = smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK);
+    // wgmma descriptors (v7): the start-address words of this warpgroup's A and B slices of the stage,
+    // once per k-block; sub-tile and k-step are constant adds to them (kmajor_sw128_descriptor_low
+    // NOTES) instead of a full descriptor rebuilt for every wgmma. (Words computed once per tile and
+    // carried through the loop cost the fused kernel 16 more spill bytes: recomputed here instead.)
+    const uint32_t a_stage = kmajor_sw128_descriptor_low(smem_address(
+        smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
+    const uint32_t b_stage =
+        kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
 #pragma unroll
     for (int s = 0; s < kSubTilesM; ++s) {
-      const uint32_t a_base = smem_address(smem.a_tiles + cursor.stage * Layout::kABytes +
-                                           (wg_m * Layout::kRowsPerWarpgroup + 64 * s) * kBlockK);
 #pragma unroll
       for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
       if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
       wgmma_fence();
 #pragma unroll
       for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
-                              make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
+                              sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
       wgmma_commit();
       if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
       wgmma_wait<0>();
@@ -471,69 +480,100 @@ __device__ __forceinline__ void store_bf16_epilogue_wide(const float (&accumulat
 // SwiGLU + optional top-k weight + FP8 requantization (split-N tiles: math warpgroup 0 holds the 128
 // gate columns, warpgroup 1 the 128 up columns of the same outputs). Output tile n_tile covers
 // activation columns [128 n_tile, 128 n_tile + 128).
-// The gate warpgroup hands its accumulators to the up warpgroup through shared memory, in register
-// order and kExchangeRegisters at a time, so both see identical (row, column) per slot; the up
-// warpgroup finishes the tile. The second barrier of a chunk frees the buffer, so the gate warpgroup
-// moves on to its next tile while the up warpgroup quantizes and stores. Named barrier 1 (256 threads).
+// Balanced (v7): each warpgroup finishes (activation, row amax, quantization, store) one of the two row
+// halves of every sub-tile: warpgroup h the rows of fragment registers 4j + 2h + {0, 1} (row_in_tile +
+// 64 s + 8 h), all 128 columns of them, so a row's amax never leaves its quad (no amax exchange).
+// The two warpgroups trade the halves they do not finish through shared memory: warpgroup 0 sends the
+// gate values of rows h = 1, warpgroup 1 the up values of rows h = 0. Both accumulators have the same
+// fragment layout (same thread, same register = same (row, column), gate vs up column), so slot
+// [register][thread] is read by the same thread index of the other warpgroup.
+// NOTES (exchange buffer, named barrier 1, 256 threads):
+// - The kExchangeRegisters x 128 floats (16 KiB) are two halves, one per sending warpgroup:
+//   warpgroup w writes half w and reads half 1 - w. A round moves kExchangeRegisters / 2 registers per
+//   thread each way; 32 registers per sub-tile go each way, so 64 / kExchangeRegisters rounds per
+//   sub-tile, 2 barriers each (values written; both halves read = buffer free): the same barrier count
+//   as v6's one-way exchange (kExchangeRegisters per round, all by the up warpgroup).
+// - The last barrier of a tile frees the buffer for the next tile's epilogue (nothing else orders a
+//   warpgroup's next writes after the other's reads).
+// - Per element the arithmetic is v6's: activate(gate, up), amax over the row's 128 |values| (fmaxf:
+//   exact, order-free), then the top-k weight and quantization below; only which warpgroup runs it
+//   changed, so outputs are bit-identical to v6's (tested against the same device arithmetic).
+// - The caller of a tile that must publish the stores (the fused kernel's gemm1_done) has to cover
+//   both warpgroups' rows: each warpgroup stores half of them.
+template <class Layout, bool kCoherentScales, int kKeep>
+__device__ __forceinline__ void swiglu_quant_fp8_finish_rows(float (&accumulator)[Layout::kSubTiles][64],
+                                                             float* exchange, const MathRows<Layout::kSubTiles>& where,
+                                                             int n_tile, int out_cols, const float* topk_weights,
+                                                             uint8_t* out, float* out_scales, int activation,
+                                                             float limit, float alpha) {
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  constexpr int kSend = 1 - kKeep;                         // the row half this warpgroup hands over
+  constexpr int kPerRound = Layout::kExchangeRegisters / 2;  // registers per thread each way per round
+  constexpr int kRounds = 32 / kPerRound;                   // per sub-tile (32 registers per row half)
+  static_assert(32 % kPerRound == 0 && kPerRound % 2 == 0, "rounds must tile a row half's 32 registers");
+  const int lane = threadIdx.x % 32;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int col_base = n_tile * 128 + 2 * (lane % 4);
+  float* send = exchange + kKeep * kPerRound * 128;
+  const float* receive = exchange + kSend * kPerRound * 128;
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int round = 0; round < kRounds; ++round) {
+      // Slot p of the round = register 4 j + 2 h + c of the row half h, with 2 j + c = round * kPerRound + p.
+#pragma unroll
+      for (int p = 0; p < kPerRound; ++p) {
+        const int q = round * kPerRound + p;
+        send[p * 128 + thread_in_wg] = accumulator[s][4 * (q / 2) + 2 * kSend + q % 2];
+      }
+      named_barrier_sync(1, 256);
+#pragma unroll
+      for (int p = 0; p < kPerRound; ++p) {
+        const int q = round * kPerRound + p;
+        const int i = 4 * (q / 2) + 2 * kKeep + q % 2;
+        const float partner = receive[p * 128 + thread_in_wg];
+        const float value = kKeep == 0 ? activate(accumulator[s][i], partner, activation, limit, alpha)
+                                       : activate(partner, accumulator[s][i], activation, limit, alpha);
+        accumulator[s][i] = value;
+        amax = fmaxf(amax, fabsf(value));
+      }
+      named_barrier_sync(1, 256);  // both halves read: the buffer is free again
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    if (!where.valid[s][kKeep]) continue;
+    const int row = where.rows[s][kKeep];
+    // The top-k weight multiplies here, not in the exchange loop (fewer live registers there):
+    // fl(v * w) is the same value, and amax |fl(v * w)| = fl(amax |v| * |w|) because rounding
+    // is monotonic.
+    const float weight = topk_weights ? load_scale<kCoherentScales>(topk_weights + row) : 1.0f;
+    // Same rule as formats::quantize_fp8_activations (IEEE divisions, RNE, saturating).
+    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax, fabsf(weight)), 1e-10f), 448.0f);
+    uint8_t* out_row = out + static_cast<int64_t>(row) * out_cols + col_base;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * kKeep], weight), scale),
+                                      __fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * kKeep + 1], weight), scale));
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * j) = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
+  }
+}
+
 template <class Layout, bool kCoherentScales>
 __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[Layout::kSubTiles][64], float* exchange,
                                                           int math_wg, const MathRows<Layout::kSubTiles>& where,
                                                           int n_tile, int out_cols, const float* topk_weights,
                                                           uint8_t* out, float* out_scales, int activation, float limit,
                                                           float alpha) {
-  constexpr int kChunk = Layout::kExchangeRegisters;
-  constexpr int kSubTilesM = Layout::kSubTiles;
-  static_assert(64 % kChunk == 0, "exchange chunks must tile the 64 accumulator registers");
-  const int lane = threadIdx.x % 32;
-  const int thread_in_wg = threadIdx.x % 128;
-  const int col_base = n_tile * 128 + 2 * (lane % 4);
-#pragma unroll
-  for (int s = 0; s < kSubTilesM; ++s) {
-    float amax[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int chunk = 0; chunk < 64 / kChunk; ++chunk) {
-      if (math_wg == 0) {
-#pragma unroll
-        for (int r = 0; r < kChunk; ++r) exchange[r * 128 + thread_in_wg] = accumulator[s][chunk * kChunk + r];
-      }
-      named_barrier_sync(1, 256);
-      if (math_wg == 1) {
-#pragma unroll
-        for (int r = 0; r < kChunk; ++r) {
-          const int i = chunk * kChunk + r;
-          const int h = (i % 4) / 2;
-          const float value = activate(exchange[r * 128 + thread_in_wg], accumulator[s][i], activation, limit, alpha);
-          accumulator[s][i] = value;
-          amax[h] = fmaxf(amax[h], fabsf(value));
-        }
-      }
-      named_barrier_sync(1, 256);  // the exchange buffer is free again
-    }
-    if (math_wg == 1) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
-        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
-        if (!where.valid[s][h]) continue;
-        const int row = where.rows[s][h];
-        // The top-k weight multiplies here, not in the chunk loop (fewer live registers there):
-        // fl(v * w) is the same value, and amax |fl(v * w)| = fl(amax |v| * |w|) because rounding
-        // is monotonic.
-        const float weight = topk_weights ? load_scale<kCoherentScales>(topk_weights + row) : 1.0f;
-        // Same rule as formats::quantize_fp8_activations (IEEE divisions, RNE, saturating).
-        const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[h], fabsf(weight)), 1e-10f), 448.0f);
-        uint8_t* out_row = out + static_cast<int64_t>(row) * out_cols + col_base;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h], weight), scale),
-                                          __fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h + 1], weight), scale));
-          *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * j) =
-              __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
-        }
-        if (lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
-      }
-    }
-  }
+  // Register indices must be compile-time (no local-memory arrays): one instantiation per warpgroup.
+  if (math_wg == 0)
+    swiglu_quant_fp8_finish_rows<Layout, kCoherentScales, 0>(accumulator, exchange, where, n_tile, out_cols,
+                                                             topk_weights, out, out_scales, activation, limit, alpha);
+  else
+    swiglu_quant_fp8_finish_rows<Layout, kCoherentScales, 1>(accumulator, exchange, where, n_tile, out_cols,
+                                                             topk_weights, out, out_scales, activation, limit, alpha);
 }
 
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
@@ -549,7 +589,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const Fp8GemmShared<Layout> smem(shared_raw);
   const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
 
-  const int warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0: the compiler then knows the role branch below is warp-uniform, and keeps
+  // more of the math warpgroups' uniform arithmetic (descriptor words, stage offsets) on the uniform
+  // datapath (v7, measured with per-tile descriptor words: 286 -> 278 SASS instructions per k-block of
+  // the 128 x 256 SwiGLU kernel).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     smem.init_barriers();

@@ -476,7 +476,12 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           swiglu_bf16_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I, topk_weights,
                                              reinterpret_cast<__nv_bfloat16*>(p.act), p.activation, p.limit, p.alpha);
         }
-        if (math_wg == 1) {  // the up warpgroup stored the tile
+        if constexpr (kFp8) {  // each math warpgroup stored half of the tile's rows (v7 epilogue)
+          fence_proxy_async_global();  // act is read by TMA
+          __threadfence();
+          named_barrier_sync(2, 256);
+          if (math_thread == 0) ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+        } else if (math_wg == 1) {  // the up warpgroup stored the tile
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 128);

@@ -81,6 +81,20 @@ __device__ __forceinline__ uint64_t make_kmajor_sw128_descriptor(uint32_t smem_b
   return descriptor;
 }
 
+// The same descriptor as two 32-bit words, for mainloops that step it by constant adds (v7).
+// NOTES: shared-window addresses are < 2^18 (at most 228 KiB per CTA), so the start-address field
+// (bits 0-13) is address >> 4 without the mask, and adding d >> 4 for an address step of d bytes
+// (a multiple of 16 that stays in the window) never carries into the leading-byte-offset field at
+// bit 16: kmajor_sw128_descriptor_low(x) + (d >> 4) == kmajor_sw128_descriptor_low(x + d). The upper
+// word (stride byte offset, swizzle mode) is a constant.
+constexpr uint32_t kSw128DescriptorHigh = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t kmajor_sw128_descriptor_low(uint32_t smem_byte_address) {
+  return (smem_byte_address >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t sw128_descriptor_from_low(uint32_t low) {
+  return (static_cast<uint64_t>(kSw128DescriptorHigh) << 32) | low;
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int kPending>
