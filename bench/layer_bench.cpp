@@ -8,6 +8,7 @@
 #include <memory>
 #include <numeric>
 
+#include "megamoe/ep.h"
 #include "megamoe/error.h"
 #include "megamoe/formats.h"
 #include "megamoe/moe.h"
@@ -18,7 +19,6 @@
 #ifdef MEGAMOE_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "megamoe/ep.h"
 #include "megamoe/error_cuda.h"
 #endif
 
@@ -236,21 +236,93 @@ double median(std::vector<double> values) {
 
 float bf16_value(uint16_t bits) { return formats::bf16_to_f32(bits); }
 
-}  // namespace
+// The routing's own stream (see the NOTES in layer_bench.h): token counts draw from it in order.
+Rng routing_stream(uint64_t seed) { return Rng(seed * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull); }
 
-double layer_floor_us(const LayerShape& shape, WeightFormat format, int64_t rows, int touched_experts) {
+// Measured H200 ceilings (docs/perf.md).
+constexpr double kFp8TensorTflops = 1420.0, kBf16TensorTflops = 780.0, kHbmBytesPerS = 4.2e12;
+constexpr double kNvlinkBytesPerS = 370e9;  // per direction per GPU
+
+double compute_floor_us(const LayerShape& shape, WeightFormat format, int64_t rows) {
+  const double flop = 2.0 * static_cast<double>(rows) * shape.hidden * shape.intermediate * 3.0;
+  return flop / ((format == WeightFormat::kBf16 ? kBf16TensorTflops : kFp8TensorTflops) * 1e12) * 1e6;
+}
+
+double weights_floor_us(const LayerShape& shape, WeightFormat format, int touched_experts) {
   const double H = shape.hidden, I = shape.intermediate;
-  const double flop = 2.0 * static_cast<double>(rows) * H * I * 3.0;
-  const double tflops = format == WeightFormat::kBf16 ? 780.0 : 1420.0;
   double bytes_per_expert = 0;
   switch (format) {
     case WeightFormat::kBf16: bytes_per_expert = 3 * H * I * 2; break;
     case WeightFormat::kFp8Block: bytes_per_expert = 3 * H * I * (1.0 + 4.0 / (128 * 128)); break;
     default: bytes_per_expert = 3 * H * I * (0.5 + 1.0 / 16); break;  // FP4 + one E4M3 scale per 16
   }
-  const double compute_us = flop / (tflops * 1e12) * 1e6;
-  const double weights_us = touched_experts * bytes_per_expert / 4.2e12 * 1e6;
-  return std::max(compute_us, weights_us);
+  return touched_experts * bytes_per_expert / kHbmBytesPerS * 1e6;
+}
+
+}  // namespace
+
+double LayerFloor::us() const { return std::max({compute_us, weights_us, nvlink_us}); }
+
+const char* LayerFloor::bound() const {
+  if (compute_us >= weights_us && compute_us >= nvlink_us) return "compute";
+  return weights_us >= nvlink_us ? "weights" : "nvlink";
+}
+
+LayerFloor layer_floor(const LayerShape& shape, WeightFormat format, int ranks, const std::vector<int32_t>& ids) {
+  MEGAMOE_CHECK(ranks >= 1 && shape.experts % ranks == 0 && shape.top_k >= 1, "layer_floor: experts = ", shape.experts,
+                " must be a multiple of ranks = ", ranks);
+  const int K = shape.top_k, per_rank = shape.experts / ranks;
+  const int64_t tokens = static_cast<int64_t>(ids.size()) / K;
+  // Per rank r: slots routed to its experts, its experts that were hit, tokens with >= 1 expert on it
+  // (each such token of every other rank arrives once and goes back as one partial row), and the
+  // other ranks each of its own tokens must reach.
+  std::vector<int64_t> slots(ranks, 0), hit_tokens(ranks, 0), remote_destinations(ranks, 0);
+  std::vector<std::vector<bool>> touched(ranks, std::vector<bool>(per_rank, false));
+  std::vector<bool> hits(ranks);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::fill(hits.begin(), hits.end(), false);
+    for (int j = 0; j < K; ++j) {
+      const int32_t id = ids[static_cast<size_t>(t * K + j)];
+      if (id < 0) continue;
+      MEGAMOE_CHECK(id < shape.experts, "layer_floor: expert id ", id, " must be < experts = ", shape.experts);
+      const int owner = id / per_rank;
+      ++slots[owner];
+      touched[owner][id % per_rank] = true;
+      hits[owner] = true;
+    }
+    const int destinations = static_cast<int>(std::count(hits.begin(), hits.end(), true));
+    for (int r = 0; r < ranks; ++r) {
+      hit_tokens[r] += hits[r];
+      remote_destinations[r] += destinations - (hits[r] ? 1 : 0);
+    }
+  }
+  const double H = shape.hidden;
+  const double dispatch_row = format == WeightFormat::kBf16 ? 2 * H : H + 4 * (H / 128);  // activations sent
+  const double combine_row = 2 * H;                                                       // BF16 partial back
+  LayerFloor floor;
+  for (int r = 0; r < ranks; ++r) {
+    const double out = remote_destinations[r] * dispatch_row + static_cast<double>(ranks - 1) * hit_tokens[r] * combine_row;
+    const double in = static_cast<double>(ranks - 1) * hit_tokens[r] * dispatch_row + remote_destinations[r] * combine_row;
+    floor.compute_us = std::max(floor.compute_us, compute_floor_us(shape, format, ranks * slots[r]));
+    floor.weights_us = std::max(floor.weights_us, weights_floor_us(shape, format, static_cast<int>(std::count(
+                                                                                      touched[r].begin(), touched[r].end(), true))));
+    floor.nvlink_us = std::max(floor.nvlink_us, std::max(out, in) / kNvlinkBytesPerS * 1e6);
+  }
+  return floor;
+}
+
+void validate_layer_ranks(const LayerBenchOptions& o) {
+  MEGAMOE_CHECK(o.ranks >= 1 && o.ranks <= kMaxEpRanks, "--ranks ", o.ranks, " must be in [1, ", kMaxEpRanks,
+                "] (one process per GPU, all in one NVLink domain)");
+  MEGAMOE_CHECK(o.shape.experts >= 1 && o.shape.experts % o.ranks == 0, "--ranks ", o.ranks, ": experts = ",
+                o.shape.experts, " (preset ", o.shape.name, ") must be a multiple of the ranks (each rank holds experts / ranks)");
+  MEGAMOE_CHECK(o.routing != RoutingPattern::kOneRank || o.shape.experts / o.ranks >= o.shape.top_k,
+                "--routing one-rank on --ranks ", o.ranks, ": experts / ranks = ", o.shape.experts / o.ranks,
+                " must be >= top_k = ", o.shape.top_k, " (every token routes only to rank 0's experts)");
+}
+
+double layer_floor_us(const LayerShape& shape, WeightFormat format, int64_t rows, int touched_experts) {
+  return std::max(compute_floor_us(shape, format, rows), weights_floor_us(shape, format, touched_experts));
 }
 
 const std::vector<LayerShape>& layer_presets() {
@@ -288,6 +360,7 @@ std::string_view routing_pattern_name(RoutingPattern pattern) {
 }
 
 std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
+  validate_layer_ranks(o);
   // --ranks N > 1: this process is one rank started by launch_ranks (cmd_bench_layer relaunches
   // itself); GPU backends share one EpGroup, every rank runs the same tokens, rank 0 reports.
 #ifdef MEGAMOE_WITH_CUDA
@@ -328,15 +401,12 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
   if (o.check) checker = prepare("reference", o, pool, o.check_tokens);
 
   std::vector<LayerCaseResult> results;
+  Rng routing_rng = routing_stream(o.seed);
   for (int tokens : o.tokens) {
-    const Routing routing = make_routing(o, tokens, rng);
+    const Routing routing = make_routing(o, tokens, routing_rng);
     const double flop = 2.0 * static_cast<double>(routing.rows) * o.shape.hidden * o.shape.intermediate * 3.0;
-    const int local_experts = o.shape.experts / std::max(1, o.ranks);
-    std::vector<bool> touched(local_experts, false);
-    for (int32_t id : routing.ids)
-      if (id >= 0 && id < local_experts) touched[id] = true;
-    const double floor_us =
-        layer_floor_us(o.shape, o.format, routing.rows, static_cast<int>(std::count(touched.begin(), touched.end(), true)));
+    const LayerFloor floor = layer_floor(o.shape, o.format, o.ranks, routing.ids);
+    const double floor_us = floor.us();
     std::vector<uint16_t> expected;
     const int checked_tokens = std::min(tokens, o.check_tokens);
     if (o.check && checked_tokens > 0) {
@@ -365,6 +435,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
       if (b == 0) first_us = r.median_us;
       r.ratio_to_first = first_us > 0 ? r.median_us / first_us : 0;
       r.floor_us = floor_us;
+      r.floor = floor;
       r.ratio_to_floor = floor_us > 0 ? r.median_us / floor_us : 0;
       if (o.check && checked_tokens > 0) {
         double diff2 = 0, ref2 = 0, max_abs = 0;
@@ -384,9 +455,9 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
         r.check_passed = finite && r.check_rel_l2 <= 1e-2;
       }
       if (speak)
-        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx  %5.2fx floor%s\n",
+        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx  %5.2fx floor (%s)%s\n",
                     r.backend.c_str(), tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
-                    r.ratio_to_floor,
+                    r.ratio_to_floor, floor.bound(),
                     r.checked ? (r.check_passed ? "  check ok" : "  CHECK FAILED") : "");
       std::fflush(stdout);
       results.push_back(r);
@@ -401,22 +472,25 @@ void print_layer_table(const LayerBenchOptions& o, const std::vector<LayerCaseRe
               std::string(weight_format_name(o.format)).c_str(), std::string(activation_name(o.activation.kind)).c_str(),
               o.apply_topk_in_fc1 ? " (top-k in fc1)" : "", std::string(routing_pattern_name(o.routing)).c_str(), o.ranks,
               o.iters);
-  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-22s |\n", "backend", "tokens", "rows",
-              "median us", "min us", "TFLOP/s", "vs first", "floor us", "vs floor", "check (rel-L2)");
-  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
+  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-8s | %-22s |\n", "backend", "tokens",
+              "rows", "median us", "min us", "TFLOP/s", "vs first", "floor us", "vs floor", "floor by", "check (rel-L2)");
+  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
               std::string(10, '-').c_str(), std::string(14, '-').c_str(), std::string(14, '-').c_str(),
               std::string(11, '-').c_str(), std::string(10, '-').c_str(), std::string(12, '-').c_str(),
-              std::string(10, '-').c_str(), std::string(24, '-').c_str());
+              std::string(10, '-').c_str(), std::string(10, '-').c_str(), std::string(24, '-').c_str());
   for (const LayerCaseResult& r : results) {
     char check[64] = "-";
     if (r.checked) std::snprintf(check, sizeof(check), "%s (%.2e)", r.check_passed ? "ok" : "FAILED", r.check_rel_l2);
-    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-22s |\n",
+    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-8s | %-22s |\n",
                 r.backend.c_str(), r.tokens, static_cast<long long>(r.rows), r.median_us, r.min_us, r.tflops,
-                r.ratio_to_first, r.floor_us, r.ratio_to_floor, check);
+                r.ratio_to_first, r.floor_us, r.ratio_to_floor, r.floor.bound(), check);
   }
 }
 
-nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<LayerCaseResult>& results) {
+namespace {
+
+// What a layer bench JSON says about its run, beside the cases.
+nlohmann::json layer_run_json(const LayerBenchOptions& o) {
   nlohmann::json j;
   j["bench"] = "layer";
   j["shape"] = {{"preset", o.shape.name},
@@ -433,16 +507,66 @@ nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<
   j["warmup"] = o.warmup;
   j["seed"] = o.seed;
   j["distinct_experts"] = std::min(o.distinct_experts, o.shape.experts);
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<LayerCaseResult>& results) {
+  nlohmann::json j = layer_run_json(o);
   j["cases"] = nlohmann::json::array();
   for (const LayerCaseResult& r : results) {
     nlohmann::json c = {{"backend", r.backend},     {"tokens", r.tokens},   {"rows", r.rows},
                         {"median_us", r.median_us}, {"min_us", r.min_us},   {"tflops", r.tflops},
                         {"ratio_to_first", r.ratio_to_first}, {"floor_us", r.floor_us},
-                        {"ratio_to_floor", r.ratio_to_floor}};
+                        {"ratio_to_floor", r.ratio_to_floor}, {"floor_compute_us", r.floor.compute_us},
+                        {"floor_weights_us", r.floor.weights_us}, {"floor_nvlink_us", r.floor.nvlink_us},
+                        {"floor_bound", r.floor.bound()}};
     if (r.checked)
       c["check"] = {{"passed", r.check_passed}, {"rel_l2", r.check_rel_l2}, {"max_abs", r.check_max_abs}};
     j["cases"].push_back(c);
   }
+  return j;
+}
+
+std::vector<LayerFloorRow> layer_floors(const LayerBenchOptions& o) {
+  validate_layer_ranks(o);
+  MEGAMOE_CHECK(!o.tokens.empty(), "--tokens: give at least one token count");
+  for (int t : o.tokens) MEGAMOE_CHECK(t >= 0, "--tokens ", t, " must be >= 0");
+  layer_config(o, o.shape.experts, 1).validate();
+  std::vector<LayerFloorRow> rows;
+  Rng routing_rng = routing_stream(o.seed);  // the same routing as a timed run with these options
+  for (int tokens : o.tokens) {
+    const Routing routing = make_routing(o, tokens, routing_rng);
+    rows.push_back(LayerFloorRow{tokens, routing.rows, layer_floor(o.shape, o.format, o.ranks, routing.ids)});
+  }
+  return rows;
+}
+
+void print_layer_floors(const LayerBenchOptions& o, const std::vector<LayerFloorRow>& rows) {
+  std::printf("bench layer floors: %s (H %d, I %d, E %d, top-%d), %s, routing %s, ranks %d (no backend run)\n",
+              o.shape.name.c_str(), o.shape.hidden, o.shape.intermediate, o.shape.experts, o.shape.top_k,
+              std::string(weight_format_name(o.format)).c_str(), std::string(routing_pattern_name(o.routing)).c_str(),
+              o.ranks);
+  std::printf("| %7s | %8s | %10s | %10s | %10s | %10s | %-8s |\n", "tokens", "rows", "floor us", "compute", "weights",
+              "nvlink", "floor by");
+  std::printf("|---------|----------|------------|------------|------------|------------|----------|\n");
+  for (const LayerFloorRow& r : rows)
+    std::printf("| %7d | %8lld | %10.1f | %10.1f | %10.1f | %10.1f | %-8s |\n", r.tokens, static_cast<long long>(r.rows),
+                r.floor.us(), r.floor.compute_us, r.floor.weights_us, r.floor.nvlink_us, r.floor.bound());
+}
+
+nlohmann::json layer_floors_json(const LayerBenchOptions& o, const std::vector<LayerFloorRow>& rows) {
+  nlohmann::json j = layer_run_json(o);
+  j["floors"] = nlohmann::json::array();
+  for (const LayerFloorRow& r : rows)
+    j["floors"].push_back({{"tokens", r.tokens},
+                           {"rows", r.rows},
+                           {"floor_us", r.floor.us()},
+                           {"floor_compute_us", r.floor.compute_us},
+                           {"floor_weights_us", r.floor.weights_us},
+                           {"floor_nvlink_us", r.floor.nvlink_us},
+                           {"floor_bound", r.floor.bound()}});
   return j;
 }
 

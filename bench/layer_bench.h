@@ -12,10 +12,18 @@
 //     samples k distinct experts per token with probability p: uniform (p_e = 1/E), zipf
 //     (p_e ~ 1/(e+1)^1.2 over a seeded permutation of the experts), one-rank (only the experts of
 //     rank 0, [0, E/ranks)).
-//   * Floor (per rank) = max(FLOPs / dense tensor rate, expert weight bytes touched / HBM bandwidth) with
-//     the measured H200 ceilings of docs/perf.md (FP8 1420 TFLOP/s, BF16 780, W4A8 run as FP8; HBM
-//     4.2 TB/s); weight bytes = this rank's local experts with >= 1 routed row (rank 0's, from the
-//     shared routing) x their packed bytes incl. scales. ratio_to_floor = median / floor.
+//   * Routing has its own seeded stream (independent of the weights), so `--floor-only` computes the
+//     very routing a timed run uses without generating weights. Every rank routes the same tokens.
+//   * Floor = max over ranks r of max(compute, weight read, NVLink) of rank r, with the measured H200
+//     ceilings of docs/perf.md (FP8 1420 TFLOP/s, BF16 780, W4A8 run as FP8; HBM 4.2 TB/s; NVLink
+//     370 GB/s per direction per GPU, measured on 2 GPUs and assumed for a GPU's NVSwitch ports on
+//     4 / 8): compute = FLOPs of the rows rank r receives (ranks x its share of the shared routing);
+//     weight read = rank r's local experts with >= 1 routed row x their packed bytes incl. scales;
+//     NVLink = max(bytes out, bytes in) of rank r / 370 GB/s, counting the least any EP scheme moves:
+//     each token once to every other rank holding one of its experts (FP8 row + scales; BF16 row for
+//     bf16 weights) and one BF16 partial row back per (token, such rank). ratio_to_floor = median /
+//     floor; the JSON also has each term (floor_compute_us, floor_weights_us, floor_nvlink_us) and
+//     which one bounds (floor_bound).
 //   * --check runs `reference` on the first `check_tokens` tokens and compares each backend's rows.
 #pragma once
 
@@ -59,6 +67,13 @@ struct LayerBenchOptions {
   uint64_t seed = 1;
 };
 
+// The floor of one forward and its three terms (see the NOTES above), in µs.
+struct LayerFloor {
+  double compute_us = 0, weights_us = 0, nvlink_us = 0;
+  double us() const;
+  const char* bound() const;  // "compute", "weights" or "nvlink": the largest term
+};
+
 struct LayerCaseResult {
   std::string backend;
   int tokens = 0;
@@ -66,6 +81,7 @@ struct LayerCaseResult {
   double median_us = 0, min_us = 0, tflops = 0;
   double ratio_to_first = 0;  // this backend's time / the first backend's time, same tokens
   double floor_us = 0, ratio_to_floor = 0;  // see the NOTES above
+  LayerFloor floor;
   bool checked = false, check_passed = false;
   double check_rel_l2 = 0, check_max_abs = 0;
 };
@@ -74,8 +90,25 @@ struct LayerCaseResult {
 // prints one line per case as it finishes.
 std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& options);
 void print_layer_table(const LayerBenchOptions& options, const std::vector<LayerCaseResult>& results);
-// Per-rank floor in µs (see the NOTES above) for `rows` routed pairs and `touched_experts` local experts.
+// Checks what must hold before ranks are launched: --ranks in [1, kMaxEpRanks], experts a multiple of
+// the ranks, and for one-rank routing at least top_k experts per rank. Throws megamoe::Error naming
+// the option and the limit.
+void validate_layer_ranks(const LayerBenchOptions& options);
+// Per-rank floor in µs (see the NOTES above) for `rows` routed pairs and `touched_experts` local experts,
+// compute and weight read only.
 double layer_floor_us(const LayerShape& shape, WeightFormat format, int64_t rows, int touched_experts);
+// The floor of one forward on `ranks` ranks that all route `ids` ([tokens, top_k], -1 = padding).
+LayerFloor layer_floor(const LayerShape& shape, WeightFormat format, int ranks, const std::vector<int32_t>& ids);
+// `--floor-only`: the routing of every token count of `options` and its floor, without weights,
+// backends or GPUs (rows = routed pairs of one rank's tokens).
+struct LayerFloorRow {
+  int tokens = 0;
+  int64_t rows = 0;
+  LayerFloor floor;
+};
+std::vector<LayerFloorRow> layer_floors(const LayerBenchOptions& options);
+void print_layer_floors(const LayerBenchOptions& options, const std::vector<LayerFloorRow>& rows);
+nlohmann::json layer_floors_json(const LayerBenchOptions& options, const std::vector<LayerFloorRow>& rows);
 nlohmann::json layer_results_json(const LayerBenchOptions& options, const std::vector<LayerCaseResult>& results);
 
 }  // namespace megamoe::bench

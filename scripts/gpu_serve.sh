@@ -2,11 +2,11 @@
 # Issue 7's serving experiment on a 2x H200 machine, in one device call: builds `megamoe` with the
 # server (headers carried from the dev machine by scripts/gpu_server_deps.sh), then for each MoE
 # backend starts `megamoe serve` (Qwen3-30B-A3B geometry, all 48 layers, dummy FP8 weights, DP2 + EP2
-# in worker processes), waits for /health, checks ICU's NFC through /tokenize, runs `megamoe bench
+# in worker processes; DP=4 / DP=8 for DP4/EP4 and DP8/EP8 on 4 / 8 GPUs), waits for /health, checks ICU's NFC through /tokenize, runs `megamoe bench
 # serve` prefill-only (random 4096-token prompts, 1 output token, --ignore-eos, 128 in flight), stops
 # the server. The vLLM-keyed JSON results and logs.tar.gz go to $OUT (or out/); the side-by-side table last.
 #   scripts/gpu_serve.sh [build-dir]        (default /tmp/build-gpu-serve)
-#   env: BACKENDS (default "staged mega"), NUM_PROMPTS (1024, the seed experiment), NUM_WARMUPS (16), CONCURRENCY (128),
+#   env: DP (data-parallel = expert-parallel size, default 2; needs that many GPUs), BACKENDS (default "staged mega"), NUM_PROMPTS (1024, the seed experiment), NUM_WARMUPS (16), CONCURRENCY (128),
 #        INPUT_LEN (4096), BATCHED_TOKENS (--max-num-batched-tokens, 8192 = serve's and vLLM's default),
 #        LAYERS (48), SKIP_BUILD=1 (warm machine, build dir already there),
 #        SERVER_DEPS (folder made by gpu_server_deps.sh; default: .deps/gpu-server here or in the
@@ -61,7 +61,7 @@ http_post() { python3 -c "import sys,urllib.request as u;r=u.Request(sys.argv[1]
 # bench, stop, table) on the dev machine: SKIP_BUILD=1 MODEL=tests/fixtures/tiny-qwen3-moe
 # BACKENDS="reference reference_fp32" SERVE_ARGS="--data-parallel-size 2" INPUT_LEN=64 NUM_PROMPTS=16
 model=${MODEL:-tests/fixtures/qwen3-30b-a3b}
-serve_args=(--load-format dummy --quantization fp8 --data-parallel-size 2 --enable-expert-parallel --worker-processes
+serve_args=(--load-format dummy --quantization fp8 --data-parallel-size "${DP:-2}" --enable-expert-parallel --worker-processes
             --worker-start-timeout 150 --block-size 16 --gpu-memory-utilization 0.9 --max-num-seqs 256
             --hf-overrides "{\"num_hidden_layers\": ${LAYERS:-48}}")
 [ -n "${SERVE_ARGS:-}" ] && read -r -a serve_args <<<"$SERVE_ARGS"

@@ -1,6 +1,7 @@
-// Shared bodies of the EP tests (1 GPU in tests/gpu, 2 GPUs in tests/multigpu): seeded inputs that
-// every rank can regenerate for every other rank, host references rounded like the kernels, and the
-// self-launch helper (a multigpu test re-runs itself under launch_ranks, one process per GPU).
+// Shared bodies of the EP tests (1 GPU in tests/gpu, N = MEGAMOE_TEST_RANKS GPUs in tests/multigpu,
+// default 2): seeded inputs that every rank can regenerate for every other rank, host references
+// rounded like the kernels, and the self-launch helper (a multigpu test re-runs itself under
+// launch_ranks, one process per GPU). The rank-count rules live in common/ep_test_ranks.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/ep_test_ranks.h"
 #include "common/gpu_skip.h"
 #include "common/w4a8_reference.h"
 #include "megamoe/ep.h"
@@ -45,6 +47,25 @@ inline bool spawn_ranks_if_parent(int ranks, LaunchedRank* rank) {
   EXPECT_EQ(rc, 0) << "a rank of " << info->name() << " failed (exit status " << rc << "); see its output above";
   return true;
 }
+
+// Top of a multigpu test body: the rank count from MEGAMOE_TEST_RANKS (a bad value fails the test
+// with the reason), a skip naming both counts when fewer Hopper GPUs are visible, then the parent
+// re-runs the test on the ranks and returns; a launched rank continues with `rank_var` filled.
+#define MEGAMOE_RUN_ON_TEST_RANKS(rank_var)                                                                 \
+  LaunchedRank rank_var;                                                                                    \
+  {                                                                                                         \
+    std::string megamoe_ranks_error;                                                                        \
+    const int megamoe_ranks = ::megamoe::testing::test_ranks(&megamoe_ranks_error);                         \
+    if (megamoe_ranks < 0) FAIL() << megamoe_ranks_error;                                                   \
+    std::string megamoe_why;                                                                                \
+    const int megamoe_have = ::megamoe::testing::count_sm90_devices(&megamoe_why);                          \
+    if (megamoe_have < megamoe_ranks)                                                                       \
+      GTEST_SKIP() << ::megamoe::testing::kTestRanksEnv << " = " << megamoe_ranks << " needs "              \
+                   << megamoe_ranks << " Hopper GPUs, found " << std::max(megamoe_have, 0)                  \
+                   << (megamoe_why.empty() ? "" : " (" + megamoe_why + ")");                               \
+    if (::megamoe::testing::spawn_ranks_if_parent(megamoe_ranks, &rank_var)) return;                        \
+  }                                                                                                         \
+  static_assert(true, "")
 
 // A private one-rank group on `device` (also usable inside a launched rank, beside its real group).
 inline std::unique_ptr<EpGroup> single_rank_group(EpOptions options = {}, int device = 0) {
@@ -100,17 +121,6 @@ inline void quantize_row_fp8(const float* x, int cols, uint8_t* q, float* scales
 }
 
 // ---- seeded inputs every rank can regenerate ---------------------------------------------------------
-enum class Routing { kUniform, kSkewed, kAllToRank0, kPadded };
-inline const char* routing_name(Routing r) {
-  switch (r) {
-    case Routing::kUniform: return "uniform";
-    case Routing::kSkewed: return "skewed";
-    case Routing::kAllToRank0: return "all_to_rank0";
-    case Routing::kPadded: return "padded";
-  }
-  return "?";
-}
-
 struct RankInputs {
   int tokens = 0;
   std::vector<uint16_t> hidden;  // [T, H] bf16 bits
@@ -132,25 +142,8 @@ inline RankInputs make_rank_inputs(uint64_t seed, int rank, int tokens, int hidd
   }
   in.ids.assign(static_cast<size_t>(tokens) * top_k, -1);
   in.weights.resize(static_cast<size_t>(tokens) * top_k);
-  const int per_rank = num_experts / ranks;
   for (int t = 0; t < tokens; ++t) {
-    std::set<int> chosen;
-    while (static_cast<int>(chosen.size()) < top_k) {
-      int e = 0;
-      switch (routing) {
-        case Routing::kUniform:
-        case Routing::kPadded: e = static_cast<int>(rng() % num_experts); break;
-        case Routing::kSkewed: {  // Zipf(1.2)-like: low ids are hot
-          const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-          e = std::min(num_experts - 1, static_cast<int>(std::pow(static_cast<double>(num_experts + 1), u)) - 1);
-          break;
-        }
-        case Routing::kAllToRank0: e = static_cast<int>(rng() % per_rank); break;
-      }
-      chosen.insert(e);
-    }
-    std::vector<int> list(chosen.begin(), chosen.end());
-    std::shuffle(list.begin(), list.end(), rng);
+    const std::vector<int> list = choose_experts(rng, routing, num_experts, top_k, ranks);
     for (int j = 0; j < top_k; ++j) {
       in.ids[static_cast<size_t>(t) * top_k + j] = list[j];
       in.weights[static_cast<size_t>(t) * top_k + j] = unit(rng);
@@ -239,6 +232,8 @@ inline float combine_in_kernel_order(const int32_t* ids, const float* weights, c
 inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc, cudaStream_t stream) {
   const int R = group.size(), me = group.rank();
   const int H = tc.hidden, k = tc.top_k, E = tc.num_experts, per_rank = E / R;
+  MEGAMOE_CHECK(static_cast<int>(tc.tokens_per_rank.size()) == R, "DispatchCase.tokens_per_rank has ",
+                tc.tokens_per_rank.size(), " entries for ", R, " ranks");
   SCOPED_TRACE(::testing::Message() << "rank " << me << " routing " << routing_name(tc.routing) << " payload "
                                     << (tc.payload == EpPayload::kFp8 ? "fp8" : "bf16") << " seed " << tc.seed);
   std::vector<RankInputs> all;
@@ -645,6 +640,8 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   SCOPED_TRACE(::testing::Message() << "backend " << name << " rank " << me << " format "
                                     << weight_format_name(c.weight_format) << " routing " << routing_name(lc.routing)
                                     << " seed " << lc.seed);
+  MEGAMOE_CHECK(static_cast<int>(lc.tokens_per_rank.size()) == R, "LayerCase.tokens_per_rank has ",
+                lc.tokens_per_rank.size(), " entries for ", R, " ranks");
   const auto experts = make_experts(c, lc.seed);
   auto backend = make_backend(name, c, &group);
   for (int e = 0; e < backend->num_local_experts(); ++e)

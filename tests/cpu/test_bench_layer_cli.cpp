@@ -2,6 +2,7 @@
 // and the bench's JSON and error paths, run as the built binary.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -48,8 +49,87 @@ TEST(BenchLayerCli, TinyReferenceRunsChecksAndWritesJson) {
   EXPECT_LE(floor_us, 8 * 3 * 256 * 128 * (1.0 + 4.0 / 16384) / 4.2e12 * 1e6 * (1 + 1e-9));
   EXPECT_NEAR(c["ratio_to_floor"].get<double>(), c["median_us"].get<double>() / floor_us, 1e-6 * c["ratio_to_floor"].get<double>());
   EXPECT_NE(run.output.find("vs floor"), std::string::npos) << run.output;
+  EXPECT_EQ(c["floor_nvlink_us"].get<double>(), 0.0) << "one rank moves nothing over NVLink";
+  EXPECT_EQ(floor_us, std::max(c["floor_compute_us"].get<double>(), c["floor_weights_us"].get<double>()));
+  EXPECT_EQ(c["floor_bound"], "weights");
   EXPECT_EQ(j["cases"][3]["backend"], "reference_fp32");
   EXPECT_TRUE(j["cases"][3]["check"]["passed"].get<bool>());
+}
+
+nlohmann::json read_and_remove(const std::string& path) {
+  std::ifstream file(path);
+  if (!file.good()) {
+    ADD_FAILURE() << path << " was not written";
+    return {};
+  }
+  nlohmann::json j = nlohmann::json::parse(file);
+  std::filesystem::remove(path);
+  return j;
+}
+
+// `--floor-only` on 1, 2 and 8 ranks (no GPU): the floors a timed `--ranks N` run reports, checked
+// against closed forms where the routing pins them down.
+TEST(BenchLayerCli, FloorsOnEightRanks) {
+  const std::string base = (std::filesystem::temp_directory_path() / ("megamoe_floor_" + std::to_string(getpid()))).string();
+  const double H = 7168, I = 2048, K = 8, nvlink = 370e9, fp8_flops = 1420e12;
+  auto floors = [&](const std::string& args, const std::string& tag) {
+    const CommandResult run = run_megamoe("bench layer --preset dsv3 --floor-only --tokens 8,2048,8192 " + args +
+                                          " --json " + base + tag + ".json");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_NE(run.output.find("floor by"), std::string::npos) << run.output;
+    return read_and_remove(base + tag + ".json")["floors"];
+  };
+  const nlohmann::json one = floors("--ranks 1", "1"), two = floors("--ranks 2", "2"), eight = floors("--ranks 8", "8");
+  const nlohmann::json skewed = floors("--ranks 8 --routing one-rank", "8one");
+  ASSERT_EQ(one.size(), 3u);
+  ASSERT_EQ(two.size(), 3u);
+  ASSERT_EQ(eight.size(), 3u);
+  ASSERT_EQ(skewed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const double T = one[i]["tokens"].get<double>();
+    SCOPED_TRACE(::testing::Message() << T << " tokens per rank");
+    // Same routing stream on every rank count: the same rows; no padding (softmax top-8).
+    EXPECT_EQ(one[i]["rows"], T * K);
+    EXPECT_EQ(eight[i]["rows"], one[i]["rows"]);
+    // One rank: every routed row computed here, nothing over NVLink.
+    EXPECT_NEAR(one[i]["floor_compute_us"].get<double>(), 2 * T * K * H * I * 3 / fp8_flops * 1e6, 1e-9 * T);
+    EXPECT_EQ(one[i]["floor_nvlink_us"].get<double>(), 0.0);
+    // Uniform on 8 ranks: each token reaches at most 7 other ranks and gets as many partials back.
+    const double upper = 7 * T * ((H + H / 32) + 2 * H) / nvlink * 1e6;
+    EXPECT_GT(eight[i]["floor_nvlink_us"].get<double>(), two[i]["floor_nvlink_us"].get<double>());
+    EXPECT_GT(two[i]["floor_nvlink_us"].get<double>(), 0.0);
+    EXPECT_LE(eight[i]["floor_nvlink_us"].get<double>(), upper * (1 + 1e-12));
+    // A rank's share is at least the average: 8 x its slots >= all slots of one rank.
+    EXPECT_GE(eight[i]["floor_compute_us"].get<double>(), one[i]["floor_compute_us"].get<double>() * (1 - 1e-12));
+    // One-rank routing on 8 ranks: rank 0 computes all 8 ranks' rows and returns 7 x T partial rows
+    // (2H bytes each), more than the 7 x T FP8 rows it receives.
+    EXPECT_NEAR(skewed[i]["floor_compute_us"].get<double>(), 8 * 2 * T * K * H * I * 3 / fp8_flops * 1e6, 1e-9 * T);
+    EXPECT_NEAR(skewed[i]["floor_nvlink_us"].get<double>(), 7 * T * 2 * H / nvlink * 1e6, 1e-9 * T);
+    for (const nlohmann::json* f : {&one[i], &two[i], &eight[i], &skewed[i]}) {
+      const double top = std::max({(*f)["floor_compute_us"].get<double>(), (*f)["floor_weights_us"].get<double>(),
+                                   (*f)["floor_nvlink_us"].get<double>()});
+      EXPECT_EQ((*f)["floor_us"].get<double>(), top);
+      const std::string by = (*f)["floor_bound"];
+      EXPECT_EQ((*f)["floor_" + by + "_us"].get<double>(), top) << by;
+    }
+  }
+  // At 8 tokens per rank the weight read bounds: 64 slots touch at most 64 of the 256 experts.
+  EXPECT_EQ(one[0]["floor_bound"], "weights");
+  EXPECT_EQ(skewed[2]["floor_bound"], "compute");
+}
+
+TEST(BenchLayerCli, RankCountErrorsBeforeAnyProcessStarts) {
+  for (const std::string ranks : {"0", "9"}) {
+    const CommandResult run = run_megamoe("bench layer --backend staged --preset dsv3 --ranks " + ranks);
+    EXPECT_EQ(run.exit_code, 2) << run.output;
+    EXPECT_NE(run.output.find("--ranks " + ranks + " must be in [1, 8]"), std::string::npos) << run.output;
+  }
+  const CommandResult odd = run_megamoe("bench layer --backend staged --preset dsv3 --ranks 3");
+  EXPECT_EQ(odd.exit_code, 2) << odd.output;
+  EXPECT_NE(odd.output.find("experts = 256 (preset dsv3) must be a multiple of the ranks"), std::string::npos) << odd.output;
+  const CommandResult one_rank = run_megamoe("bench layer --preset tiny --ranks 8 --routing one-rank --floor-only");
+  EXPECT_EQ(one_rank.exit_code, 2) << one_rank.output;
+  EXPECT_NE(one_rank.output.find("experts / ranks = 1 must be >= top_k = 2"), std::string::npos) << one_rank.output;
 }
 
 TEST(BenchLayerCli, ClearErrors) {

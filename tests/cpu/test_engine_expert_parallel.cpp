@@ -152,7 +152,7 @@ TEST_P(ExpertParallel, LogitsBitIdenticalToOneRankWithIdleRanks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, ExpertParallel,
-                         ::testing::Combine(::testing::Values("tiny-qwen3-moe", "tiny-mixtral"), ::testing::Values(2, 3)),
+                         ::testing::Combine(::testing::Values("tiny-qwen3-moe", "tiny-mixtral"), ::testing::Values(2, 3, 4, 8)),
                          [](const auto& info) {
                            std::string name = std::get<0>(info.param) + "_dp" + std::to_string(std::get<1>(info.param));
                            std::replace(name.begin(), name.end(), '-', '_');
@@ -226,6 +226,27 @@ TEST(ExpertParallelEngine, ARankThatSkipsTheCollectiveTimesOutInsteadOfHanging) 
     EXPECT_NE(std::string(e.what()).find("ranks {1} never reached"), std::string::npos) << e.what();
   }
   EXPECT_THROW(runners[1]->step(StepBatch{}), Error);  // the group stays aborted
+}
+
+// Eight ranks (one expert each), the last two never step: both stepping ranks fail within the
+// timeout, naming exactly the missing ranks.
+TEST(ExpertParallelEngine, TwoOfEightRanksSkipTheCollectiveAndAreNamed) {
+  auto runners = make_ep_runners("tiny-qwen3-moe", 8, /*timeout=*/0.3);
+  std::vector<std::string> errors(6);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 6; ++r)
+    threads.emplace_back([&, r] {
+      StepBatch batch;
+      if (r == 0) batch.chunks.push_back(SequenceChunk{0, {1, 2, 3}, 0, {0}, true});
+      try {
+        runners[r]->step(batch);
+      } catch (const Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 6; ++r)
+    EXPECT_NE(errors[r].find("ranks {6, 7} never reached"), std::string::npos) << "rank " << r << ": " << errors[r];
 }
 
 }  // namespace

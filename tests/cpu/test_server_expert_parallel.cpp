@@ -1,7 +1,8 @@
-// `serve --data-parallel-size 2 --enable-expert-parallel` on the CPU, end to end over loopback HTTP:
-// two runner ranks share one in-process CpuEpGroup (each holds half the experts) and the engine steps
-// them in lockstep. The served greedy tokens must equal one rank's (DP1) single-sequence generate(),
-// alone (one rank idle every step) and with concurrent requests; no KV block may leak.
+// `serve --data-parallel-size N --enable-expert-parallel` on the CPU (N = 2, 4, 8), end to end over
+// loopback HTTP: N runner ranks share one in-process CpuEpGroup (each holds E/N experts; 1 of the 8 on
+// 8 ranks) and the engine steps them in lockstep. The served greedy tokens must equal one rank's (DP1)
+// single-sequence generate(), alone (the other ranks idle every step) and with concurrent requests;
+// no KV block may leak.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <future>
 #include <thread>
+#include <tuple>
 
 #include "engine/generate.h"
 #include "engine/model.h"
@@ -40,10 +42,10 @@ std::vector<int32_t> complete(int port, const std::string& prompt, int max_token
   return json::parse(res->body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
 }
 
-class ExpertParallelServer : public ::testing::TestWithParam<std::string> {};
+class ExpertParallelServer : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
-TEST_P(ExpertParallelServer, Dp2Ep2ServesTheSameGreedyTokensAsDp1) {
-  const std::string model = GetParam();
+TEST_P(ExpertParallelServer, DpEpServesTheSameGreedyTokensAsDp1) {
+  const auto [model, ranks] = GetParam();
   auto tokenizer = Tokenizer::from_file(fixture(model));
   auto oracle = megamoe::engine::make_cpu_model_runner(fixture(model), quiet_options());
   const std::vector<std::string> prompts = {
@@ -62,9 +64,9 @@ TEST_P(ExpertParallelServer, Dp2Ep2ServesTheSameGreedyTokensAsDp1) {
 
   megamoe::engine::RunnerOptions options = quiet_options();
   options.max_tokens_per_step = 16;  // the long prompt is prefilled in chunks; MoE pieces differ by rank
-  options.cpu_ep = std::make_shared<megamoe::CpuEpGroup>(2, /*timeout_seconds=*/120.0);
+  options.cpu_ep = std::make_shared<megamoe::CpuEpGroup>(ranks, /*timeout_seconds=*/120.0);
   std::vector<std::unique_ptr<megamoe::engine::ModelRunner>> runners;
-  for (int rank = 0; rank < 2; ++rank) {
+  for (int rank = 0; rank < ranks; ++rank) {
     options.ep_rank = rank;
     runners.push_back(megamoe::engine::make_cpu_model_runner(fixture(model), options));
   }
@@ -81,9 +83,9 @@ TEST_P(ExpertParallelServer, Dp2Ep2ServesTheSameGreedyTokensAsDp1) {
   server.start_background();
   const int port = server.port();
 
-  // One request alone: rank 1 (or 0) idles through every step.
+  // One request alone: every other rank idles through every step.
   EXPECT_EQ(complete(port, prompts[1], max_tokens), expected[1]);
-  // All at once, plain and streamed: both ranks busy, with different token counts per step.
+  // All at once, plain and streamed (8 requests): the ranks busy with different token counts per step.
   std::vector<std::future<std::vector<int32_t>>> plain, streamed;
   for (const std::string& p : prompts) {
     plain.push_back(std::async(std::launch::async, [&, p] { return complete(port, p, max_tokens); }));
@@ -104,15 +106,15 @@ TEST_P(ExpertParallelServer, Dp2Ep2ServesTheSameGreedyTokensAsDp1) {
   }
   EXPECT_EQ(stats.kv_blocks_free, stats.kv_blocks_total) << "KV blocks leaked";
   EXPECT_EQ(stats.running + stats.waiting, 0);
-  ASSERT_EQ(stats.requests_per_rank.size(), 2u);
-  EXPECT_GT(stats.requests_per_rank[0], 0);
-  EXPECT_GT(stats.requests_per_rank[1], 0);
+  ASSERT_EQ(stats.requests_per_rank.size(), static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) EXPECT_GT(stats.requests_per_rank[r], 0) << "rank " << r << " never served";
   server.stop();
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyModels, ExpertParallelServer, ::testing::Values("tiny-qwen3-moe", "tiny-mixtral"),
+INSTANTIATE_TEST_SUITE_P(TinyModels, ExpertParallelServer,
+                         ::testing::Combine(::testing::Values("tiny-qwen3-moe", "tiny-mixtral"), ::testing::Values(2, 4, 8)),
                          [](const auto& info) {
-                           std::string name = info.param;
+                           std::string name = std::get<0>(info.param) + "_dp" + std::to_string(std::get<1>(info.param));
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });

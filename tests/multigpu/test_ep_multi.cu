@@ -1,5 +1,7 @@
-// EP on 2 GPUs, one process per GPU: every test re-runs itself under launch_ranks (so each ctest entry
-// starts the launcher), and the launched ranks run the body.
+// EP on N GPUs (N = MEGAMOE_TEST_RANKS, default 2), one process per GPU: every test re-runs itself under
+// launch_ranks (so each ctest entry starts the launcher), and the launched ranks run the body. Token
+// counts, expert counts and routings for N ranks follow common/ep_test_ranks.h (N = 2: the 2-rank
+// suite's exact inputs).
 #include <nccl.h>
 
 #include <chrono>
@@ -11,13 +13,6 @@
 namespace megamoe::testing {
 namespace {
 
-constexpr int kRanks = 2;
-
-#define MEGAMOE_RUN_ON_RANKS(n, rank_var)                    \
-  MEGAMOE_REQUIRE_GPUS(n);                                   \
-  LaunchedRank rank_var;                                     \
-  if (::megamoe::testing::spawn_ranks_if_parent(n, &rank_var)) return
-
 struct RankStream {
   cudaStream_t stream = nullptr;
   explicit RankStream(int device) {
@@ -28,10 +23,10 @@ struct RankStream {
 };
 
 TEST(EpMulti, BootstrapWarmupBarrierDestroy) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
-  EXPECT_EQ(group->size(), kRanks);
+  EXPECT_EQ(group->size(), rank.ranks);
   group->warmup(s.stream);
   for (int i = 0; i < 5; ++i) group->barrier(s.stream);
   group->synchronize(s.stream);
@@ -41,7 +36,7 @@ TEST(EpMulti, BootstrapWarmupBarrierDestroy) {
 }
 
 TEST(EpMulti, FromExistingNcclComm) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   // Play the role of a torch engine: make the communicator ourselves.
   const std::string path = rank.rendezvous.substr(5) + ".engine";
   ncclUniqueId id{};
@@ -64,7 +59,8 @@ TEST(EpMulti, FromExistingNcclComm) {
     RankStream s(rank.rank);
     group->warmup(s.stream);
     DispatchCase tc;
-    tc.tokens_per_rank = {50, 70};
+    tc.num_experts = experts_for_ranks(tc.num_experts, rank.ranks);
+    tc.tokens_per_rank = spread_tokens(50, 70, rank.ranks);
     EXPECT_GT(run_dispatch_combine_case(*group, tc, s.stream), 0);
     group->destroy();
   }
@@ -74,7 +70,7 @@ TEST(EpMulti, FromExistingNcclComm) {
 }
 
 TEST(EpMulti, DispatchCombineBitExact) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
   group->warmup(s.stream);
@@ -82,28 +78,30 @@ TEST(EpMulti, DispatchCombineBitExact) {
   for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16})
     for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
       DispatchCase tc;
+      tc.num_experts = experts_for_ranks(tc.num_experts, rank.ranks);
       tc.payload = payload;
       tc.routing = routing;
       tc.seed = 21 + static_cast<int>(routing);
-      tc.tokens_per_rank = {131, 160};  // unequal
+      tc.tokens_per_rank = spread_tokens(131, 160, rank.ranks);  // unequal
       rows += run_dispatch_combine_case(*group, tc, s.stream);
     }
-  DispatchCase empty_rank;  // rank 1 has no tokens at all
-  empty_rank.tokens_per_rank = {90, 0};
+  DispatchCase empty_rank;  // the last rank has no tokens at all
+  empty_rank.num_experts = experts_for_ranks(empty_rank.num_experts, rank.ranks);
+  empty_rank.tokens_per_rank = spread_tokens(90, 0, rank.ranks);
   rows += run_dispatch_combine_case(*group, empty_rank, s.stream);
   DispatchCase wide;  // DeepSeek-like width, more tokens than one grid pass
   wide.hidden = 7168;
   wide.top_k = 8;
-  wide.num_experts = 32;
+  wide.num_experts = experts_for_ranks(32, rank.ranks);
   wide.capacity = 2304;
-  wide.tokens_per_rank = {2304, 2100};
+  wide.tokens_per_rank = spread_tokens(2304, 2100, rank.ranks);
   rows += run_dispatch_combine_case(*group, wide, s.stream);
   EXPECT_GT(rows, 0);
   group->destroy();
 }
 
 TEST(EpMulti, StagedMatchesReferenceAndReplays) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
   for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16})
@@ -111,27 +109,28 @@ TEST(EpMulti, StagedMatchesReferenceAndReplays) {
       LayerCase lc;
       lc.config.hidden = 256;
       lc.config.intermediate = 256;
-      lc.config.num_experts = 8;
+      lc.config.num_experts = experts_for_ranks(8, rank.ranks);  // 8 on 2, 4, 8 ranks (1 per rank on 8)
       lc.config.top_k = 3;
       lc.config.weight_format = format;
       lc.config.max_tokens_per_rank = 96;
       lc.routing = routing;
-      lc.tokens_per_rank = {61, 83};
+      lc.tokens_per_rank = spread_tokens(61, 83, rank.ranks);
       run_staged_case(*group, lc, s.stream, /*graph_replay=*/routing == Routing::kUniform);
     }
   LayerCase empty_rank;
-  empty_rank.config = MoeConfig{256, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
-  empty_rank.tokens_per_rank = {0, 50};
+  empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, rank.ranks), 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
+  empty_rank.tokens_per_rank = spread_tokens(0, 50, rank.ranks);  // rank 0 has no tokens
   run_staged_case(*group, empty_rank, s.stream, true);
   group->destroy();
 }
 
 TEST(EpMulti, CapacityOverflowOnEveryRankThrows) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
-  EpDispatcher io(*group, EpDispatchConfig{256, 2, 4, 16, EpPayload::kFp8});
-  const RankInputs in = make_rank_inputs(9, rank.rank, 17, 256, 4, 2, kRanks, Routing::kUniform);
+  const int experts = experts_for_ranks(4, rank.ranks);
+  EpDispatcher io(*group, EpDispatchConfig{256, 2, experts, 16, EpPayload::kFp8});
+  const RankInputs in = make_rank_inputs(9, rank.rank, 17, 256, experts, 2, rank.ranks, Routing::kUniform);
   DeviceInputs dev(in, 256, 2);
   EXPECT_THROW(io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), s.stream), Error);
   group->barrier(s.stream);  // nothing was launched: the group still works
@@ -139,16 +138,19 @@ TEST(EpMulti, CapacityOverflowOnEveryRankThrows) {
   group->destroy();
 }
 
+// The last rank stalls (never launches its dispatch); every other rank dispatches and must report a
+// timeout naming itself, the phase and the stalled peer within the bounded wait.
 TEST(EpMulti, StalledPeerTimesOutWithItsName) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   EpOptions options;
   options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
   RankStream s(group->device());
   group->warmup(s.stream);
-  EpDispatcher io(*group, EpDispatchConfig{256, 2, 4, 16, EpPayload::kFp8});
-  if (rank.rank == 0) {
-    const RankInputs in = make_rank_inputs(4, 0, 16, 256, 4, 2, kRanks, Routing::kUniform);
+  const int experts = experts_for_ranks(4, rank.ranks), stalled = rank.ranks - 1;
+  EpDispatcher io(*group, EpDispatchConfig{256, 2, experts, 16, EpPayload::kFp8});
+  if (rank.rank != stalled) {
+    const RankInputs in = make_rank_inputs(4, rank.rank, 16, 256, experts, 2, rank.ranks, Routing::kUniform);
     DeviceInputs dev(in, 256, 2);
     const auto start = std::chrono::steady_clock::now();
     io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), s.stream);
@@ -158,14 +160,14 @@ TEST(EpMulti, StalledPeerTimesOutWithItsName) {
     } catch (const Error& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("phase 'dispatch'"), std::string::npos) << what;
-      EXPECT_NE(what.find("peer rank 1"), std::string::npos) << what;
-      EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("peer rank " + std::to_string(stalled)), std::string::npos) << what;
+      EXPECT_NE(what.find("timed out: rank " + std::to_string(rank.rank) + " waited"), std::string::npos) << what;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(seconds, 5.0) << "the bounded wait (1 s) took " << seconds << " s to report";
     EXPECT_THROW(io.combine(nullptr, dev.out_view(), s.stream), Error);  // the group is failed now
   } else {
-    // Rank 1 never launches its dispatch; it only waits long enough for rank 0 to time out.
+    // The stalled rank never launches its dispatch; it only waits long enough for the others to time out.
     std::this_thread::sleep_for(std::chrono::seconds(3));
   }
   io.destroy();

@@ -1,6 +1,7 @@
-// The `mega` backend on 2 GPUs, one process per GPU, FP8-block and BF16 weights: vs the host reference
-// on every routing, unequal and zero token counts, graph replay, determinism, mega vs staged bit for
-// bit, and a stalled peer.
+// The `mega` backend on N GPUs (N = MEGAMOE_TEST_RANKS, default 2), one process per GPU, FP8-block and
+// BF16 weights: vs the host reference on every routing, unequal and zero token counts, graph replay,
+// determinism, mega vs staged bit for bit, and a stalled peer. Token and expert counts for N ranks
+// follow common/ep_test_ranks.h (N = 2: the 2-rank suite's exact inputs).
 #include <chrono>
 #include <thread>
 
@@ -8,13 +9,6 @@
 
 namespace megamoe::testing {
 namespace {
-
-constexpr int kRanks = 2;
-
-#define MEGAMOE_RUN_ON_RANKS(n, rank_var)                    \
-  MEGAMOE_REQUIRE_GPUS(n);                                   \
-  LaunchedRank rank_var;                                     \
-  if (::megamoe::testing::spawn_ranks_if_parent(n, &rank_var)) return
 
 struct RankStream {
   cudaStream_t stream = nullptr;
@@ -25,20 +19,21 @@ struct RankStream {
   ~RankStream() { cudaStreamDestroy(stream); }
 };
 
-// mega on 2 ranks vs staged on ONE rank holding every expert (BackendCaseOptions::compare_on_single_rank):
+// mega on N ranks vs staged on ONE rank holding every expert (BackendCaseOptions::compare_on_single_rank):
 // 0 differing elements. Per row the GEMMs are the same device code on the same bytes wherever the row
 // is computed, and mega's combine sums a token's k slots in one fp32 chain on any rank count, as staged
-// does on one rank. (A 2-rank staged rounds each rank's partial sum to bf16 first: that differs from
+// does on one rank. (A multi-rank staged rounds each rank's partial sum to bf16 first: that differs from
 // mega by up to that rounding, and both are checked against the reference instead.)
 void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat format) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
+  const int R = rank.ranks;
   for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
     LayerCase lc;
-    lc.config = MoeConfig{256, 256, 8, 3, format, Activation{}, false, 0, 96};
+    lc.config = MoeConfig{256, 256, experts_for_ranks(8, R), 3, format, Activation{}, false, 0, 96};
     lc.routing = routing;
     lc.seed = 41 + static_cast<int>(routing);
-    lc.tokens_per_rank = {61, 83};  // unequal
+    lc.tokens_per_rank = spread_tokens(61, 83, R);  // unequal
     BackendCaseOptions options;
     options.graph_replay = routing == Routing::kUniform || routing == Routing::kAllToRank0;
     options.repeats = 3;
@@ -48,15 +43,15 @@ void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat f
     run_backend_case("mega", *group, lc, s.stream, options);
   }
   LayerCase empty_rank;  // rank 0 has no tokens at all
-  empty_rank.config = MoeConfig{256, 256, 8, 2, format, Activation{}, false, 0, 64};
-  empty_rank.tokens_per_rank = {0, 50};
+  empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, R), 2, format, Activation{}, false, 0, 64};
+  empty_rank.tokens_per_rank = spread_tokens(0, 50, R);
   BackendCaseOptions replay;
   replay.graph_replay = true;
   run_backend_case("mega", *group, empty_rank, s.stream, replay);
   LayerCase wide;  // DeepSeek-like width and top-k, 128-row tiles, clamped SwiGLU with top-k in fc1
-  wide.config = MoeConfig{1024, 512, 16, 8, format, Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true,
+  wide.config = MoeConfig{1024, 512, experts_for_ranks(16, R), 8, format, Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true,
                           0, 300};
-  wide.tokens_per_rank = {200, 151};
+  wide.tokens_per_rank = spread_tokens(200, 151, R);
   BackendCaseOptions repeat;
   repeat.repeats = 5;
   repeat.compare_with = "staged";
@@ -67,19 +62,19 @@ void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat f
 }
 
 TEST(MegaMulti, MatchesReferenceOnEveryRouting) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   matches_reference_on_every_routing(rank, WeightFormat::kFp8Block);
 }
 
 TEST(MegaMulti, Bf16MatchesReferenceOnEveryRouting) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   matches_reference_on_every_routing(rank, WeightFormat::kBf16);
 }
 
 void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   RankStream s(group->device());
-  const MoeConfig c{256, 256, 8, 4, format, Activation{}, false, 0, 128};
+  const MoeConfig c{256, 256, experts_for_ranks(8, rank.ranks), 4, format, Activation{}, false, 0, 128};
   const auto experts = make_experts(c, 9);
   auto backend = make_backend("mega", c, group.get());
   for (int e = 0; e < backend->num_local_experts(); ++e)
@@ -87,12 +82,12 @@ void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat for
   backend->warmup(s.stream);
   int checked = 0;
   for (int call = 0; call < 24; ++call) {
-    std::mt19937 rng(1000 + call);  // identical on both ranks: each knows the other's T
+    std::mt19937 rng(1000 + call);  // identical on every rank: each knows the others' T
     const int tokens = (rng() % 4 == 0) ? 0 : static_cast<int>(rng() % 129);
-    const int mine = rank.rank == 0 ? tokens : static_cast<int>((tokens * 7 + call) % 129);
+    const int mine = changing_tokens(tokens, call, rank.rank);
     SCOPED_TRACE(::testing::Message() << "call " << call << " rank " << rank.rank << " T=" << mine);
     const Routing routing = call % 3 == 0 ? Routing::kSkewed : Routing::kPadded;
-    const RankInputs in = make_rank_inputs(500 + call, rank.rank, mine, c.hidden, c.num_experts, c.top_k, kRanks, routing);
+    const RankInputs in = make_rank_inputs(500 + call, rank.rank, mine, c.hidden, c.num_experts, c.top_k, rank.ranks, routing);
     DeviceInputs dev(in, c.hidden, c.top_k);
     poison_device_buffer(dev.out, static_cast<size_t>(mine) * c.hidden * 2, 0xFF, s.stream);
     MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
@@ -112,29 +107,32 @@ void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat for
 }
 
 TEST(MegaMulti, ChangingTokenCountsEveryCall) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   changing_token_counts_every_call(rank, WeightFormat::kFp8Block);
 }
 
 TEST(MegaMulti, Bf16ChangingTokenCountsEveryCall) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   changing_token_counts_every_call(rank, WeightFormat::kBf16);
 }
 
+// The last rank stalls (never launches its forward); every other rank's forward must report a timeout
+// naming itself, the phase and the stalled peer within the bounded wait.
 TEST(MegaMulti, StalledPeerTimesOutWithItsName) {
-  MEGAMOE_RUN_ON_RANKS(kRanks, rank);
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
   EpOptions options;
   options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
   RankStream s(group->device());
-  const MoeConfig c{256, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 16};
+  const int stalled = rank.ranks - 1;
+  const MoeConfig c{256, 256, experts_for_ranks(8, rank.ranks), 2, WeightFormat::kFp8Block, Activation{}, false, 0, 16};
   const auto experts = make_experts(c, 2);
   auto backend = make_backend("mega", c, group.get());
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(s.stream);
-  if (rank.rank == 0) {
-    const RankInputs in = make_rank_inputs(4, 0, 16, c.hidden, c.num_experts, c.top_k, kRanks, Routing::kUniform);
+  if (rank.rank != stalled) {
+    const RankInputs in = make_rank_inputs(4, rank.rank, 16, c.hidden, c.num_experts, c.top_k, rank.ranks, Routing::kUniform);
     DeviceInputs dev(in, c.hidden, c.top_k);
     MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
     MoeOutputs outputs{dev.out_view()};
@@ -146,14 +144,14 @@ TEST(MegaMulti, StalledPeerTimesOutWithItsName) {
     } catch (const Error& e) {
       const std::string what = e.what();
       EXPECT_NE(what.find("phase 'dispatch'"), std::string::npos) << what;
-      EXPECT_NE(what.find("peer rank 1"), std::string::npos) << what;
-      EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
+      EXPECT_NE(what.find("peer rank " + std::to_string(stalled)), std::string::npos) << what;
+      EXPECT_NE(what.find("timed out: rank " + std::to_string(rank.rank) + " waited"), std::string::npos) << what;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(seconds, 5.0) << "the bounded wait (1 s) took " << seconds << " s to report";
     EXPECT_THROW(backend->forward(inputs, outputs, s.stream), Error);  // the group is failed now
   } else {
-    // Rank 1 never launches its forward; it only waits long enough for rank 0 to time out.
+    // The stalled rank never launches its forward; it only waits long enough for the others to time out.
     std::this_thread::sleep_for(std::chrono::seconds(3));
   }
   backend->destroy();

@@ -18,18 +18,13 @@ struct LayerArgs {
   std::vector<int> tokens;
   std::vector<std::string> backends{"reference"};
   int ranks = 1, iters = 5, warmup = 1, distinct_experts = 8, check_tokens = 32;
-  bool check = false, apply_topk_in_fc1 = false;
+  bool check = false, apply_topk_in_fc1 = false, floor_only = false;
   std::string json_path;
   uint64_t seed = 1;
 };
 
 int run_layer(const LayerArgs& a) {
   using namespace megamoe;
-  // --ranks N > 1: relaunch this command once per GPU; rank 0 prints and writes --json.
-  LaunchedRank launched;
-  const bool is_rank = launched_rank_from_env(&launched);
-  if (a.ranks > 1 && !is_rank) return relaunch_self_on_ranks(a.ranks, 900);
-  const bool speak = !is_rank || launched.rank == 0;
   bench::LayerBenchOptions o;
   o.shape = bench::find_layer_preset(a.preset);
   if (a.hidden || a.intermediate || a.experts || a.top_k) {
@@ -52,14 +47,28 @@ int run_layer(const LayerArgs& a) {
   o.warmup = a.warmup;
   o.distinct_experts = a.distinct_experts;
   o.seed = a.seed;
-  const std::vector<bench::LayerCaseResult> results = bench::run_layer_bench(o);
-  if (speak) bench::print_layer_table(o, results);
-  if (speak && !a.json_path.empty()) {
+  auto write_json = [&](const nlohmann::json& j) {
     std::ofstream file(a.json_path);
     MEGAMOE_CHECK(file.good(), "--json ", a.json_path, ": cannot open for writing");
-    file << bench::layer_results_json(o, results).dump(2) << "\n";
+    file << j.dump(2) << "\n";
     std::printf("wrote %s\n", a.json_path.c_str());
+  };
+  if (a.floor_only) {  // no weights, no backends, no GPUs: the floors a timed run would report
+    const std::vector<bench::LayerFloorRow> floors = bench::layer_floors(o);
+    bench::print_layer_floors(o, floors);
+    if (!a.json_path.empty()) write_json(bench::layer_floors_json(o, floors));
+    return 0;
   }
+  // Before any process is started: a bad --ranks fails once, here, naming the limit.
+  bench::validate_layer_ranks(o);
+  // --ranks N > 1: relaunch this command once per GPU; rank 0 prints and writes --json.
+  LaunchedRank launched;
+  const bool is_rank = launched_rank_from_env(&launched);
+  if (a.ranks > 1 && !is_rank) return relaunch_self_on_ranks(a.ranks, 900);
+  const bool speak = !is_rank || launched.rank == 0;
+  const std::vector<bench::LayerCaseResult> results = bench::run_layer_bench(o);
+  if (speak) bench::print_layer_table(o, results);
+  if (speak && !a.json_path.empty()) write_json(bench::layer_results_json(o, results));
   for (const bench::LayerCaseResult& r : results)
     if (r.checked && !r.check_passed) return 1;
   return 0;
@@ -87,6 +96,9 @@ MEGAMOE_SUBCOMMAND("bench", "layer", "time one MoE layer forward on one or more 
                          ->delimiter(',');
                      app.add_option("--ranks", args->ranks, "expert-parallel ranks: one process per GPU via the launcher (default 1)");
                      app.add_flag("--check", args->check, "compare every backend against reference first");
+                     app.add_flag("--floor-only", args->floor_only,
+                                  "print each token count's floor (compute, weight read, NVLink) on --ranks ranks "
+                                  "without running a backend (no GPU needed)");
                      app.add_option("--check-tokens", args->check_tokens, "tokens compared by --check (default 32)");
                      app.add_option("--json", args->json_path, "write the results as JSON to this path");
                      app.add_option("--iters", args->iters, "timed iterations per case (default 5)");
