@@ -127,7 +127,8 @@ for run in runs:
             "{:.1f}".format(any_case.get("floor_weights_us", 0)), "{:.1f}".format(any_case.get("floor_nvlink_us", 0)),
             any_case.get("floor_bound", "?")]) + " |")
 EOF
-[ -f "$work/tests.log" ] && grep -h -E "^\[  (PASSED|FAILED|  SKIPPED) |tests? ran|^\[  FAILED  \] [A-Za-z]" "$work/tests.log" \
+# Test outcome: passed / skipped (a skip on the device means too few GPUs or a bad MEGAMOE_TEST_RANKS) / failed.
+[ -f "$work/tests.log" ] && grep -h -E "^\[  (PASSED|SKIPPED|FAILED)  ?\] " "$work/tests.log" | grep -v " (0 ms)$" \
   | sort -u | head -30 >"$work/tests_summary.txt"
 {
   echo "ep_scale: RANKS=$ranks BUDGET=${budget}s, $(( $(date +%s) - t_start ))s used, prebuilt $PREBUILT"
