@@ -20,7 +20,8 @@
 # printed last: staged / mega µs per case, mega/staged, and each one's ratio to the floor with the
 # floor's compute / weight-read / NVLink terms, as `bench layer` reports them).
 # env: RANKS (4; 2..8, <= visible GPUs), BUDGET (seconds for all steps, default 540), PRESETS, TOKENS,
-#      ITERS (10), TESTS=0 / BENCH=0 skip steps 1 / 2-4, MXFP4=0, SERVE=1, MULTI_FILTER (gtest filter).
+#      ITERS (10), TESTS=0 / BENCH=0 skip steps 1 / 2-4, MXFP4=0, SERVE=1, MULTI_FILTER (gtest filter),
+#      TEST_TIMEOUT (90: seconds one multigpu test may run before the launcher kills its ranks).
 # Expected wall time (2-GPU figures of docs/perf.md and docs/ep.md scaled; see docs/ep_scale.md):
 #   tests ~120-200 s (12 tests, each bootstraps an NCCL group of RANKS processes, ~5-10 s, then small
 #   layers; host references regenerate every rank's inputs); each bench layer run ~25-45 s (group
@@ -76,7 +77,9 @@ step() {
 }
 
 if [ "${TESTS:-1}" = 1 ]; then
-  step tests 260 90 env MEGAMOE_TEST_RANKS="$ranks" "$PREBUILT/tests/megamoe_tests_multigpu" \
+  # A hung test's ranks are killed after 90 s (the launcher's limit), so one hang cannot use up the call.
+  step tests 260 90 env MEGAMOE_TEST_RANKS="$ranks" MEGAMOE_TEST_LAUNCH_TIMEOUT_S="${TEST_TIMEOUT:-90}" \
+    "$PREBUILT/tests/megamoe_tests_multigpu" \
     --gtest_filter="${MULTI_FILTER:-EpMulti.*:MegaMulti.*:MoeWorkspaceMulti.*}"
 fi
 bench() {  # bench FORMAT BACKENDS PRESET

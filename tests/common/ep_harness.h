@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -36,6 +37,14 @@
 namespace megamoe::testing {
 
 // ---- launching ---------------------------------------------------------------------------------------
+// Seconds a launched test may run before its ranks are killed: MEGAMOE_TEST_LAUNCH_TIMEOUT_S, default
+// 300 (scripts/gpu_ep_scale.sh lowers it so that one hung test cannot use up a device call).
+inline int test_launch_timeout_s() {
+  const char* value = std::getenv("MEGAMOE_TEST_LAUNCH_TIMEOUT_S");
+  const int seconds = value ? std::atoi(value) : 0;
+  return seconds > 0 ? seconds : 300;
+}
+
 // In the parent: re-runs the current test in `ranks` processes and returns true (the parent is done).
 // In a launched rank: returns false and fills `rank`.
 inline bool spawn_ranks_if_parent(int ranks, LaunchedRank* rank) {
@@ -43,7 +52,7 @@ inline bool spawn_ranks_if_parent(int ranks, LaunchedRank* rank) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::string filter = std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const int rc = launch_ranks(ranks, {self, filter}, 300);
+  const int rc = launch_ranks(ranks, {self, filter}, test_launch_timeout_s());
   EXPECT_EQ(rc, 0) << "a rank of " << info->name() << " failed (exit status " << rc << "); see its output above";
   return true;
 }
