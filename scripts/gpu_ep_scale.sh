@@ -9,6 +9,7 @@
 #             MoeWorkspaceMulti.* (the DP generate tests stay at 2 ranks; gpu_check.sh runs them)
 #   2. fp8    `megamoe bench layer --ranks RANKS --backend staged,mega --format fp8_block` for each
 #             preset of PRESETS (dsv3 dsv4-flash ms4) at TOKENS (8,128,2048,8192,16384 per rank)
+#      then `megamoe bench ep --ranks RANKS` (dispatch + combine alone, dsv3 shape, 4096 tokens/rank)
 #   3. nvfp4  the same with --format nvfp4 (W4A8), backend staged only (mega_capabilities(): mega
 #             runs fp8_block and bf16 only)
 #   4. mxfp4  the same with --format mxfp4 (MXFP4=0 skips it)
@@ -89,6 +90,10 @@ bench() {  # bench FORMAT BACKENDS PRESET
 }
 if [ "${BENCH:-1}" = 1 ]; then
   for preset in $presets; do bench fp8_block staged,mega "$preset"; done
+  # Dispatch + combine alone (dsv3 shape): remote GB/s per rank on RANKS ranks, to set beside the
+  # floor's 370 GB/s NVLink assumption.
+  step ep_dispatch 60 20 "$cli" bench ep --ranks "$ranks" --tokens 4096 --hidden 7168 --top-k 8 --experts 256 \
+    --iters 20 --json "$work/ep_dispatch.json"
   for preset in $presets; do bench nvfp4 staged "$preset"; done
   if [ "${MXFP4:-1}" = 1 ]; then for preset in $presets; do bench mxfp4 staged "$preset"; done; fi
 fi
@@ -136,6 +141,7 @@ EOF
 {
   echo "ep_scale: RANKS=$ranks BUDGET=${budget}s, $(( $(date +%s) - t_start ))s used, prebuilt $PREBUILT"
   cat "$work/tests_summary.txt" 2>/dev/null
+  grep -h -A2 "^| mode | ranks" "$work/ep_dispatch.log" 2>/dev/null
   cat "$work/summary.txt"
   printf '\n%-26s %-9s %s\n' step result time
   for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-26s %-9s %s\n' "$a" "$b" "$c"; done
