@@ -269,8 +269,9 @@ const char* LayerFloor::bound() const {
 }
 
 LayerFloor layer_floor(const LayerShape& shape, WeightFormat format, int ranks, const std::vector<int32_t>& ids) {
-  MEGAMOE_CHECK(ranks >= 1 && shape.experts % ranks == 0 && shape.top_k >= 1, "layer_floor: experts = ", shape.experts,
-                " must be a multiple of ranks = ", ranks);
+  MEGAMOE_CHECK(ranks >= 1 && shape.experts >= ranks && shape.experts % ranks == 0, "layer_floor: experts = ",
+                shape.experts, " must be a positive multiple of ranks = ", ranks);
+  MEGAMOE_CHECK(shape.top_k >= 1, "layer_floor: top_k = ", shape.top_k, " must be >= 1");
   const int K = shape.top_k, per_rank = shape.experts / ranks;
   const int64_t tokens = static_cast<int64_t>(ids.size()) / K;
   // Per rank r: slots routed to its experts, its experts that were hit, tokens with >= 1 expert on it
