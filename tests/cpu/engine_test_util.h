@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/generate.h"
 #include "megamoe/formats.h"
 
 namespace megamoe::engine::testing {
@@ -75,6 +76,27 @@ inline void expect_same_matrix(const formats::QuantizedMatrix& got, const format
   for (int i = 0; i < 2; ++i) {
     EXPECT_NEAR(got.global_scales[i], want.global_scales[i], global_rel_tol * std::abs(want.global_scales[i]));
   }
+}
+
+// Greedy continuation of one golden prompt (golden.json "prompts" entry) vs transformers' greedy
+// tokens, up to the first step whose golden top-1 margin is below `clear_margin` (after a near tie the
+// continuations may diverge legitimately). Returns the number of tokens compared.
+inline int expect_greedy_tokens_match(ModelRunner& runner, const nlohmann::json& prompt, double clear_margin,
+                                      const std::string& what, const GenerateOptions& options = {}) {
+  const auto ids = prompt.at("token_ids").get<std::vector<int32_t>>();
+  const auto want = prompt.at("greedy_tokens").get<std::vector<int32_t>>();
+  const auto margins = prompt.at("greedy_top1_margins").get<std::vector<double>>();
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = static_cast<int>(want.size());
+  params.ignore_eos = true;
+  const std::vector<int32_t> got = generate(runner, ids, params, options);
+  EXPECT_EQ(got.size(), want.size()) << what;
+  if (got.size() != want.size()) return 0;
+  int compared = 0;
+  for (size_t i = 0; i < want.size() && margins[i] >= clear_margin; ++i, ++compared)
+    EXPECT_EQ(got[i], want[i]) << what << " token " << i << " (margin " << margins[i] << ")";
+  return compared;
 }
 
 }  // namespace megamoe::engine::testing

@@ -28,6 +28,7 @@ RunnerOptions quiet_options() {
 }
 
 using megamoe::engine::testing::compare;
+using megamoe::engine::testing::expect_greedy_tokens_match;
 
 std::vector<float> prefill_logits(ModelRunner& runner, const std::vector<int32_t>& prompt, int first_block = 0) {
   StepBatch batch;
@@ -65,22 +66,9 @@ TEST_P(TinyModel, Greedy32TokensMatchTransformersWhileTheMarginIsClear) {
   constexpr double kClearMargin = 0.05;
   int compared = 0, seq = 0;
   for (const auto& prompt : golden.at("prompts")) {
-    const auto ids = prompt.at("token_ids").get<std::vector<int32_t>>();
-    const auto want = prompt.at("greedy_tokens").get<std::vector<int32_t>>();
-    const auto margins = prompt.at("greedy_top1_margins").get<std::vector<double>>();
-    SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = static_cast<int>(want.size());
-    params.ignore_eos = true;
     GenerateOptions options;
     options.seq_id = seq;
-    const std::vector<int32_t> got = generate(*runner, ids, params, options);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      if (margins[i] < kClearMargin) break;  // after a near tie the continuations may diverge legitimately
-      EXPECT_EQ(got[i], want[i]) << "prompt " << seq << " token " << i << " (margin " << margins[i] << ")";
-      ++compared;
-    }
+    compared += expect_greedy_tokens_match(*runner, prompt, kClearMargin, "prompt " + std::to_string(seq), options);
     ++seq;
   }
   std::printf("[%s] %d greedy tokens compared\n", GetParam().c_str(), compared);

@@ -1,23 +1,13 @@
 // EP runtime, dispatch/combine and the staged backend on ONE GPU (a single-rank group).
 #include <chrono>
 
+#include "common/gpu_stream.h"
 #include "common/ep_harness.h"
 
 namespace megamoe::testing {
 namespace {
 
-class EpSingle : public ::testing::Test {
- protected:
-  void SetUp() override {
-    MEGAMOE_REQUIRE_GPUS(1);
-    MEGAMOE_CUDA_CHECK(cudaSetDevice(0));
-    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
+class EpSingle : public OneGpuTest<> {};
 
 TEST_F(EpSingle, LifecycleWarmupBarrierDestroy) {
   auto group = single_rank_group();

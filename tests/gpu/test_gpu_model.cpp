@@ -41,6 +41,7 @@ using namespace megamoe::engine;
 namespace {
 
 using megamoe::engine::testing::compare;
+using megamoe::engine::testing::expect_greedy_tokens_match;
 using megamoe::engine::testing::fixture;
 
 RunnerOptions quiet_options(const std::string& backend = "reference") {
@@ -85,6 +86,10 @@ std::vector<std::vector<int32_t>> golden_prompts(const std::string& model) {
   return prompts;
 }
 
+// The GPU's logit error (bf16 activations) is ~1e-2; a top-1 margin of 0.08 is > 2x the error of a
+// difference of two logits.
+constexpr double kClearMargin = 0.08;
+
 class GpuTinyModel : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuTinyModel, LogitsMatchCpuRunnerAndTransformers) {
@@ -111,27 +116,9 @@ TEST_P(GpuTinyModel, GreedyTokensMatchTransformersWhileTheMarginIsClear) {
   MEGAMOE_REQUIRE_GPUS(1);
   const nlohmann::json golden = read_json_file(fixture(GetParam()) + "/golden.json");
   auto gpu = make_gpu_model_runner(fixture(GetParam()), quiet_options());
-  // The GPU's logit error (bf16 activations) is ~1e-2; a top-1 margin of 0.08 is > 2x the error of a
-  // difference of two logits.
-  constexpr double kClearMargin = 0.08;
   int compared = 0, seq = 0;
-  for (const auto& prompt : golden.at("prompts")) {
-    const auto ids = prompt.at("token_ids").get<std::vector<int32_t>>();
-    const auto want = prompt.at("greedy_tokens").get<std::vector<int32_t>>();
-    const auto margins = prompt.at("greedy_top1_margins").get<std::vector<double>>();
-    SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = static_cast<int>(want.size());
-    params.ignore_eos = true;
-    const std::vector<int32_t> got = generate(*gpu, ids, params);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      if (margins[i] < kClearMargin) break;  // after a near tie the continuations may diverge legitimately
-      EXPECT_EQ(got[i], want[i]) << "prompt " << seq << " token " << i << " (margin " << margins[i] << ")";
-      ++compared;
-    }
-    ++seq;
-  }
+  for (const auto& prompt : golden.at("prompts"))
+    compared += expect_greedy_tokens_match(*gpu, prompt, kClearMargin, "prompt " + std::to_string(seq++));
   std::printf("[%s] %d greedy tokens compared\n", GetParam().c_str(), compared);
   EXPECT_GE(compared, 32);
 }
@@ -313,19 +300,7 @@ TEST_P(GpuKernelModel, LogitsAndGreedyTokensMatchTransformers) {
     const auto ids = prompt.at("token_ids").get<std::vector<int32_t>>();
     expect_close(prefill_logits(*gpu, ids, 0, p), prompt.at("last_logits").get<std::vector<float>>(),
                  what + " prompt " + std::to_string(p) + " vs transformers");
-    const auto want = prompt.at("greedy_tokens").get<std::vector<int32_t>>();
-    const auto margins = prompt.at("greedy_top1_margins").get<std::vector<double>>();
-    SamplingParams params;
-    params.temperature = 0;
-    params.max_tokens = static_cast<int>(want.size());
-    params.ignore_eos = true;
-    const std::vector<int32_t> got = generate(*gpu, ids, params);
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-      if (margins[i] < 0.08) break;  // as GpuTinyModel: after a near tie continuations may diverge
-      EXPECT_EQ(got[i], want[i]) << what << " prompt " << p << " token " << i << " (margin " << margins[i] << ")";
-      ++compared;
-    }
+    compared += expect_greedy_tokens_match(*gpu, prompt, kClearMargin, what + " prompt " + std::to_string(p));
     ++p;
   }
   std::printf("[%s] %d greedy tokens compared\n", what.c_str(), compared);

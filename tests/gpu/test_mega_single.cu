@@ -1,6 +1,7 @@
 // The `mega` backend (one fused kernel per forward) on ONE GPU (a single-rank group), FP8-block and BF16
 // weights: vs the host reference, vs `staged` bit for bit, graph replay, determinism, both tile heights,
 // changing token counts, bad input.
+#include "common/gpu_stream.h"
 #include "common/ep_harness.h"
 #include "moe/mega_backend.h"
 
@@ -8,18 +9,7 @@ namespace megamoe::testing {
 namespace {
 
 // Every test runs for both weight formats: MegaSingle.<test>/fp8_block and MegaSingle.<test>/bf16.
-class MegaSingle : public ::testing::TestWithParam<WeightFormat> {
- protected:
-  void SetUp() override {
-    MEGAMOE_REQUIRE_GPUS(1);
-    MEGAMOE_CUDA_CHECK(cudaSetDevice(0));
-    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
+class MegaSingle : public OneGpuTest<::testing::TestWithParam<WeightFormat>> {};
 
 MoeConfig small_config(int max_tokens, WeightFormat format = WeightFormat::kFp8Block) {
   return MoeConfig{256, 256, 8, 3, format, Activation{}, false, 0, max_tokens};

@@ -3,6 +3,7 @@
 // CUDA graph holding several layers; the shared region is allocated once (not per layer).
 #include <map>
 
+#include "common/gpu_stream.h"
 #include "common/ep_harness.h"
 
 namespace megamoe::testing {
@@ -32,18 +33,7 @@ Layers make_layers(const std::string& backend, const MoeConfig& c, EpGroup& grou
   return layers;
 }
 
-class MoeWorkspaceSingle : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override {
-    MEGAMOE_REQUIRE_GPUS(1);
-    MEGAMOE_CUDA_CHECK(cudaSetDevice(0));
-    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
+class MoeWorkspaceSingle : public OneGpuTest<::testing::TestWithParam<const char*>> {};
 
 TEST_P(MoeWorkspaceSingle, SharedLayersEqualPrivateLayersBitForBit) {
   const std::string backend = GetParam();

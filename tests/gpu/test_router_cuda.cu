@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_stream.h"
 #include "common/gpu_skip.h"
 #include "megamoe/error.h"
 #include "megamoe/error_cuda.h"
@@ -332,18 +333,7 @@ void compare(const Case& c, const Problem& p, const Routed& cpu, const Routed& g
   }
 }
 
-class RouterCuda : public ::testing::Test {
- protected:
-  void SetUp() override {
-    MEGAMOE_REQUIRE_GPUS(1);
-    MEGAMOE_CUDA_CHECK(cudaSetDevice(0));
-    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
+class RouterCuda : public ::megamoe::testing::OneGpuTest<> {};
 
 
 TEST_F(RouterCuda, MatchesReferenceForEveryKind) {

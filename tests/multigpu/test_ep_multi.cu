@@ -8,24 +8,16 @@
 #include <fstream>
 #include <thread>
 
+#include "common/gpu_stream.h"
 #include "common/ep_harness.h"
 
 namespace megamoe::testing {
 namespace {
 
-struct RankStream {
-  cudaStream_t stream = nullptr;
-  explicit RankStream(int device) {
-    MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
-    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  }
-  ~RankStream() { cudaStreamDestroy(stream); }
-};
-
 TEST(EpMulti, BootstrapWarmupBarrierDestroy) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   EXPECT_EQ(group->size(), rank.ranks);
   group->warmup(s.stream);
   for (int i = 0; i < 5; ++i) group->barrier(s.stream);
@@ -56,7 +48,7 @@ TEST(EpMulti, FromExistingNcclComm) {
   MEGAMOE_NCCL_CHECK(ncclCommInitRank(&comm, rank.ranks, id, rank.rank));
   {
     auto group = EpGroup::from_nccl(comm, rank.rank);
-    RankStream s(rank.rank);
+    DeviceStream s(rank.rank);
     group->warmup(s.stream);
     DispatchCase tc;
     tc.num_experts = experts_for_ranks(tc.num_experts, rank.ranks);
@@ -72,7 +64,7 @@ TEST(EpMulti, FromExistingNcclComm) {
 TEST(EpMulti, DispatchCombineBitExact) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   group->warmup(s.stream);
   int64_t rows = 0;
   for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16})
@@ -103,7 +95,7 @@ TEST(EpMulti, DispatchCombineBitExact) {
 TEST(EpMulti, StagedMatchesReferenceAndReplays) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16})
     for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
       LayerCase lc;
@@ -127,7 +119,7 @@ TEST(EpMulti, StagedMatchesReferenceAndReplays) {
 TEST(EpMulti, CapacityOverflowOnEveryRankThrows) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   const int experts = experts_for_ranks(4, rank.ranks);
   EpDispatcher io(*group, EpDispatchConfig{256, 2, experts, 16, EpPayload::kFp8});
   const RankInputs in = make_rank_inputs(9, rank.rank, 17, 256, experts, 2, rank.ranks, Routing::kUniform);
@@ -145,7 +137,7 @@ TEST(EpMulti, StalledPeerTimesOutWithItsName) {
   EpOptions options;
   options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   group->warmup(s.stream);
   const int experts = experts_for_ranks(4, rank.ranks), stalled = rank.ranks - 1;
   EpDispatcher io(*group, EpDispatchConfig{256, 2, experts, 16, EpPayload::kFp8});

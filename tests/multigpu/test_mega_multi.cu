@@ -5,19 +5,11 @@
 #include <chrono>
 #include <thread>
 
+#include "common/gpu_stream.h"
 #include "common/ep_harness.h"
 
 namespace megamoe::testing {
 namespace {
-
-struct RankStream {
-  cudaStream_t stream = nullptr;
-  explicit RankStream(int device) {
-    MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
-    MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  }
-  ~RankStream() { cudaStreamDestroy(stream); }
-};
 
 // mega on N ranks vs staged on ONE rank holding every expert (BackendCaseOptions::compare_on_single_rank):
 // 0 differing elements. Per row the GEMMs are the same device code on the same bytes wherever the row
@@ -26,7 +18,7 @@ struct RankStream {
 // mega by up to that rounding, and both are checked against the reference instead.)
 void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat format) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   const int R = rank.ranks;
   for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
     LayerCase lc;
@@ -73,7 +65,7 @@ TEST(MegaMulti, Bf16MatchesReferenceOnEveryRouting) {
 
 void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   const MoeConfig c{256, 256, experts_for_ranks(8, rank.ranks), 4, format, Activation{}, false, 0, 128};
   const auto experts = make_experts(c, 9);
   auto backend = make_backend("mega", c, group.get());
@@ -123,7 +115,7 @@ TEST(MegaMulti, StalledPeerTimesOutWithItsName) {
   EpOptions options;
   options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
-  RankStream s(group->device());
+  DeviceStream s(group->device());
   const int stalled = rank.ranks - 1;
   const MoeConfig c{256, 256, experts_for_ranks(8, rank.ranks), 2, WeightFormat::kFp8Block, Activation{}, false, 0, 16};
   const auto experts = make_experts(c, 2);
