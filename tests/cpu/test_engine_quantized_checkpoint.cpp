@@ -196,7 +196,10 @@ TEST_P(EngineQuantizedCheckpoint, MatchesTheDequantizedModelWithOnlineQuantizedE
   // experts reproduces the codes and scales (bit-exact so far). NVFP4: the checkpoint's gate and up
   // each have their own global while online quantization of W13 uses one, so codes differ and only
   // quantization-noise agreement is expected here; LoaderReturnsTheWrittenMatrices is the exact check.
-  const double bound = GetParam().format == WeightFormat::kNvfp4 ? 0.1 : 1e-4;
+  // Measured over 80 fresh seeds (2026-11-30): rel-L2 0.011-0.04, and once 0.23 -- the two
+  // quantizations' noise flipped a top-2 expert of some token (a near tie of the router); CI saw
+  // 0.185 once against the former bound 0.1. The NVFP4 bound allows such a flip.
+  const double bound = GetParam().format == WeightFormat::kNvfp4 ? 0.3 : 1e-4;
   EXPECT_LT(rel_l2, bound);
   EXPECT_LT(max_abs, bound * ref_max * 10);
 }
