@@ -61,7 +61,7 @@ int multiprocessor_count() {
 
 template <sm90::TileConfig kTile, Epilogue kEpilogue, sm90::MathSchedule kSchedule>
 void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& params, cudaStream_t stream) {
-  using Layout = sm90::GroupedGemmLayout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
+  using Layout = sm90::StandaloneFp8Layout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue, kSchedule>;
   const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map =
       make_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);

@@ -58,7 +58,10 @@ struct GroupedGemmParams {
 
 // kWarpgroupsM: 2 = the math warpgroups split the tile's rows (split-M), 1 = its columns (split-N).
 // kSubTilesM: 64-row sub-tiles per math warpgroup (each a separate 64 x 128 wgmma accumulator set).
-template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue>
+// kSharedScales (v8): the A and B scales of every stage are staged in shared memory by the scale warp
+// (warp 1 of the producer warpgroup, cp.async) next to the operands, instead of each math thread
+// loading them from global memory (ScaleRing below). The fused kernel keeps global loads (false).
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, bool kSharedScales = false>
 struct GroupedGemmLayout {
   static constexpr int kWarpgroupsMValue = kWarpgroupsM;
   static constexpr int kSubTiles = kSubTilesM;
@@ -74,7 +77,14 @@ struct GroupedGemmLayout {
   static constexpr int kExchangeRegisters = 32;
   static constexpr int kExchangeBytes = kEpilogue == Epilogue::kSwigluQuantFp8 ? kExchangeRegisters * 128 * 4 : 0;
   static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
-  static constexpr int kBarrierOffset = kTilesBytes + kExchangeBytes;
+  // Scale ring (kSharedScales): per stage kBlockM A scales (tile row i at [i]; 0 for rows past the
+  // expert's end) then kMathWarpgroups B scales ([kBlockM + w] = the 128-column block math warpgroup w
+  // multiplies; both equal in split-M). Bytes = kStages * (kBlockM + 2) * 4, rounded up to 16.
+  static constexpr bool kScalesInShared = kSharedScales;
+  static constexpr int kScaleFloats = kBlockM + kMathWarpgroups;
+  static constexpr int kScalesOffset = kTilesBytes + kExchangeBytes;
+  static constexpr int kScalesBytes = kSharedScales ? (kStages * kScaleFloats * 4 + 15) / 16 * 16 : 0;
+  static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
   // 1024 bytes of slack to align the base for the 128-byte swizzle; 3 int tables of E+1.
   static constexpr int shared_bytes(int num_experts) { return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts); }
@@ -93,6 +103,7 @@ struct Fp8GemmShared {
   uint8_t* a_tiles;
   uint8_t* b_tiles;
   float* exchange;
+  float* scales;  // Layout::kScalesInShared: [kStageCount][kScaleFloats]
   uint64_t* full;
   uint64_t* empty;
   uint8_t* table_base;  // kTableOffset: ExpertTileTable (and whatever a caller puts after it)
@@ -102,14 +113,16 @@ struct Fp8GemmShared {
     a_tiles = shared;
     b_tiles = shared + Layout::kStageCount * Layout::kABytes;
     exchange = reinterpret_cast<float*>(shared + Layout::kTilesBytes);
+    scales = reinterpret_cast<float*>(shared + Layout::kScalesOffset);
     full = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
     empty = full + Layout::kStageCount;
     table_base = shared + Layout::kTableOffset;
   }
-  // One thread, before the CTA's first __syncthreads().
+  // One thread, before the CTA's first __syncthreads(). `full` completes on the TMA producer's
+  // arrive-expect (+ its bytes) and, with shared scales, one cp.async arrival per scale-warp lane.
   __device__ __forceinline__ void init_barriers() const {
     for (int s = 0; s < Layout::kStageCount; ++s) {
-      barrier_init(&full[s], 1);
+      barrier_init(&full[s], Layout::kScalesInShared ? 1 + 32 : 1);
       barrier_init(&empty[s], kMathWarpgroups * 4);  // lane 0 of every math warp
     }
     barrier_init_fence();
@@ -137,6 +150,36 @@ __device__ __forceinline__ void produce_fp8_tile(const Fp8GemmShared<Layout>& sm
     barrier_arrive_expect_bytes(&smem.full[cursor.stage], Layout::kABytes + Layout::kBBytes);
     tma_load_2d(smem.a_tiles + cursor.stage * Layout::kABytes, a_map, kb * kBlockK, m0, &smem.full[cursor.stage]);
     tma_load_2d(smem.b_tiles + cursor.stage * Layout::kBBytes, b_map, kb * kBlockK, b_row, &smem.full[cursor.stage]);
+    cursor.advance();
+  }
+}
+
+// Scale warp (Layout::kScalesInShared; all 32 lanes of one warp): for the same (tile, k-block)
+// sequence as produce_fp8_tile, waits for the stage to be free, copies the tile's kBlockM A scales of
+// k-block kb (rows >= m_end zero-filled) and the math warpgroups' B scales into the stage's scale slot
+// with 4-byte cp.async, and arrives on `full` when they have landed (one .noinc arrival per lane).
+// a_scales: [rows, k_blocks]; b_scales_wg[w]: the k_blocks scales of math warpgroup w's 128 columns.
+// NOTES: the math warpgroups read the slot after waiting on `full` and before arriving on `empty`, so
+// the ring protocol is the operands' own; a 4-byte cp.async never blocks this warp on load latency
+// (no registers held per stage), so one warp keeps up with 64-row tiles.
+template <class Layout>
+__device__ __forceinline__ void produce_fp8_scales(const Fp8GemmShared<Layout>& smem, const float* a_scales,
+                                                   const float* b_scales_wg0, const float* b_scales_wg1, int m0,
+                                                   int m_end, int k_blocks, PipelineCursor<Layout::kStageCount>& cursor) {
+  const int lane = threadIdx.x % 32;
+  const int valid_rows = m_end - m0;
+  const int64_t row_step = static_cast<int64_t>(32) * k_blocks;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    float* slot = smem.scales + cursor.stage * Layout::kScaleFloats;
+    const float* source = a_scales + static_cast<int64_t>(m0 + lane) * k_blocks + kb;
+#pragma unroll 1
+    for (int i = lane; i < Layout::kBlockM; i += 32, source += row_step) {
+      const bool valid = i < valid_rows;
+      cp_async_4(slot + i, valid ? source : a_scales, valid ? 4u : 0u);
+    }
+    if (lane < kMathWarpgroups) cp_async_4(slot + Layout::kBlockM + lane, (lane == 0 ? b_scales_wg0 : b_scales_wg1) + kb, 4u);
+    cp_async_arrive_noinc(&smem.full[cursor.stage]);
     cursor.advance();
   }
 }
@@ -315,21 +358,80 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
   }
 }
 
-// Math warpgroup: the full K loop of one tile into `accumulator` (zeroed here). a_scales rows are
-// [rows, k_blocks] FP32; b_scales points at the tile's (expert, 128-column block) row of k_blocks.
-// kSchedule = kOrderedIssue: every wgmma group is issued between take() and hand_over() of the
-// issue token (IssueTurn above; start()/finish() are the caller's, once per kernel).
-template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
-__device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
-                                                  const Fp8GemmShared<Layout>& smem,
-                                                  const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
-                                                  const float* b_scales, int k_blocks, int wg_m, int wg_n,
-                                                  PipelineCursor<Layout::kStageCount>& cursor) {
-  if constexpr (kSchedule == MathSchedule::kHalfOverlap) {
-    fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
-                                                            k_blocks, wg_m, wg_n, cursor);
-    return;
+// The kSerial / kOrderedIssue K loop with the scales read from the stage's scale slot (v8,
+// Layout::kScalesInShared): the same wgmma groups and the same promotion arithmetic per element as
+// fp8_tile_mainloop (bit-identical results), without global loads on the math warps. The slot is read
+// right after `full` and before this warpgroup's `empty` arrival; the values are consumed after the
+// wgmma wait (their shared-memory latency hides under the MMAs).
+// row_in_tile of MathRows' thread: where.rows[s][h] - where.rows[0][0] + (row of [0][0] in the tile).
+template <class Layout, MathSchedule kSchedule>
+__device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumulator)[Layout::kSubTiles][64],
+                                                                float (&partial)[64], const Fp8GemmShared<Layout>& smem,
+                                                                const MathRows<Layout::kSubTiles>& where, int k_blocks,
+                                                                int wg_m, int wg_n,
+                                                                PipelineCursor<Layout::kStageCount>& cursor) {
+  static_assert(kSchedule != MathSchedule::kHalfOverlap, "shared scales: serial and ordered-issue schedules");
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  const int lane = threadIdx.x % 32;
+  const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
+  // This thread's rows inside the tile (MathRows: row_in_tile + 64 s + 8 h, row_in_tile includes wg_m).
+  const int first_row = wg_m * Layout::kRowsPerWarpgroup + ((threadIdx.x % 128) / 32) * 16 + lane / 4;
+  const int b_slot = Layout::kBlockM + (Layout::kWarpgroupsMValue == 2 ? 0 : wg_n);
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.full[cursor.stage], cursor.phase);
+    const float* slot = smem.scales + cursor.stage * Layout::kScaleFloats;
+    float scale_a[kSubTilesM][2];
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale_a[s][h] = slot[first_row + 64 * s + 8 * h];
+    const float scale_b = slot[b_slot];
+    const uint32_t a_stage = kmajor_sw128_descriptor_low(smem_address(
+        smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
+    const uint32_t b_stage =
+        kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
+      wgmma_fence();
+#pragma unroll
+      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
+                              sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+      wgmma_commit();
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if (s == kSubTilesM - 1) {
+        if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+        cursor.advance();
+      }
+      const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
+        accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
+        accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
+        accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+      }
+    }
   }
+}
+
+// kSerial / kOrderedIssue K loop with every math thread loading its rows' scales from global memory,
+// one k-block ahead (the fused kernel; scales written during its launch need kCoherentScales).
+template <class Layout, bool kCoherentScales, MathSchedule kSchedule>
+__device__ __forceinline__ void fp8_tile_mainloop_global_scales(
+    float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64], const Fp8GemmShared<Layout>& smem,
+    const MathRows<Layout::kSubTiles>& where, const float* a_scales_base, const float* b_scales, int k_blocks, int wg_m,
+    int wg_n, PipelineCursor<Layout::kStageCount>& cursor) {
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
   const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
@@ -407,6 +509,28 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
       }
     }
   }
+}
+
+// Math warpgroup: the full K loop of one tile into `accumulator` (zeroed here). a_scales rows are
+// [rows, k_blocks] FP32; b_scales points at the tile's (expert, 128-column block) row of k_blocks
+// (both unused with Layout::kScalesInShared: the scale warp stages them). kSchedule = kOrderedIssue:
+// every wgmma group is issued between take() and hand_over() of the issue token (IssueTurn above;
+// start()/finish() are the caller's, once per kernel).
+template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
+__device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
+                                                  const Fp8GemmShared<Layout>& smem,
+                                                  const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
+                                                  const float* b_scales, int k_blocks, int wg_m, int wg_n,
+                                                  PipelineCursor<Layout::kStageCount>& cursor) {
+  if constexpr (kSchedule == MathSchedule::kHalfOverlap)
+    fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
+                                                            k_blocks, wg_m, wg_n, cursor);
+  else if constexpr (Layout::kScalesInShared)
+    fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, where, k_blocks, wg_m, wg_n, cursor);
+  else
+    fp8_tile_mainloop_global_scales<Layout, kCoherentScales, kSchedule>(accumulator, partial, smem, where,
+                                                                        a_scales_base, b_scales, k_blocks, wg_m, wg_n,
+                                                                        cursor);
 }
 
 // BF16 epilogue: row pointer of every valid accumulator row from `row_out(row)` (a bf16* to the
@@ -577,11 +701,17 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
 }
 
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
+// Shared-memory layout of the standalone kernel: scales staged in shared memory (v8) except for the
+// kHalfOverlap schedule, which keeps its own software-pipelined global loads.
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
+using StandaloneFp8Layout =
+    GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue, kSchedule != MathSchedule::kHalfOverlap>;
+
 template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                  const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
-  using Layout = GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue>;
+  using Layout = StandaloneFp8Layout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue, kSchedule>;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kEpilogue != Epilogue::kSwigluQuantFp8 || kWarpgroupsM == 1, "SwiGLU epilogue needs split-N");
 
@@ -613,11 +743,28 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   // 4-8 bytes (the token's branches); at 240 ptxas reports no spill for any instantiation, and the
   // producer thread (tile walk + TMA issue) fits in 24. The fused kernel keeps kProducerRegisters /
   // kMathRegisters.
-  constexpr uint32_t kProducerRegs = 24;
+  // v8: 32 for the producer warpgroup (the scale warp's tile walk + cp.async addresses) + 2 x 240 = 512.
+  constexpr uint32_t kProducerRegs = 32;
   constexpr uint32_t kMathRegs = 240;
   static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 512, "register file: 64 K per SM, 128-thread slots");
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
+    if constexpr (Layout::kScalesInShared) {
+      if (threadIdx.x / 32 == 1) {  // the scale warp
+        PipelineCursor<kStages> cursor;
+        int expert = 0;
+        const int n_blocks = params.n / 128;
+        for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+          const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+          const float* b_scales =
+              params.b_scales + (static_cast<int64_t>(expert) * n_blocks + (where.n_tile * kBlockN) / 128) * k_blocks;
+          produce_fp8_scales(smem, params.a_scales, b_scales, kWarpgroupsM == 2 ? b_scales : b_scales + k_blocks,
+                             where.m0, where.m_end, k_blocks, cursor);
+        }
+        cp_async_wait_all();
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     PipelineCursor<kStages> cursor;
     int expert = 0;

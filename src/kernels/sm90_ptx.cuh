@@ -30,6 +30,22 @@ __device__ __forceinline__ void barrier_arrive_expect_bytes(uint64_t* barrier, u
                                        barrier, bytes);
 }
 
+// ---- cp.async, 4 bytes, completion counted on an mbarrier ------------------------------------------
+// Copies 4 bytes global -> shared, or zero-fills them when source_bytes = 0 (then nothing is read).
+__device__ __forceinline__ void cp_async_4(void* smem_destination, const void* source, uint32_t source_bytes) {
+  asm volatile("cp.async.ca.shared::cta.global [%0], [%1], 4, %2;" ::"r"(smem_address(smem_destination)),
+               "l"(source), "r"(source_bytes)
+               : "memory");
+}
+// One arrival on `barrier` once all of this thread's earlier cp.async have landed. .noinc: the arrival
+// is one of the arrivals the barrier was initialised with (it does not add a pending one).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_address(barrier)) : "memory");
+}
+
+// Blocks until all of this thread's cp.async have completed (before a thread with copies in flight exits).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // ---- TMA: 2D tile global -> shared, completion counted in bytes on `barrier` ---------------------
 __device__ __forceinline__ void tma_load_2d(void* smem_destination, const void* tensor_map, int32_t inner,
                                             int32_t outer, uint64_t* barrier) {
