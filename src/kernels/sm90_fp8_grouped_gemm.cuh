@@ -743,10 +743,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   // 4-8 bytes (the token's branches); at 240 ptxas reports no spill for any instantiation, and the
   // producer thread (tile walk + TMA issue) fits in 24. The fused kernel keeps kProducerRegisters /
   // kMathRegisters.
-  // v8: 32 for the producer warpgroup (the scale warp's tile walk + cp.async addresses) + 2 x 240 = 512.
-  constexpr uint32_t kProducerRegs = 32;
+  // NOTES: the pool is what the launch allocated, 168 x 384 = 64,512 (__launch_bounds__(384, 1) caps
+  // ptxas at 168), not 65,536: 24 + 2 x 240 uses all of it, and a larger producer share makes the math
+  // warpgroups' setmaxnreg.inc wait forever (v8 draft: 32 hung every launch). The scale warp fits in 24.
+  constexpr uint32_t kProducerRegs = 24;
   constexpr uint32_t kMathRegs = 240;
-  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 512, "register file: 64 K per SM, 128-thread slots");
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
     if constexpr (Layout::kScalesInShared) {
