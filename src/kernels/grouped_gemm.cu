@@ -51,21 +51,34 @@ CUtensorMap make_tensor_map(const void* base, uint64_t inner, uint64_t outer, ui
   return map;
 }
 
-int multiprocessor_count() {
+int current_device_attribute(cudaDeviceAttr attribute) {
   int device = 0;
   MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
-  int count = 0;
-  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+  int value = 0;
+  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
 }
+int multiprocessor_count() { return current_device_attribute(cudaDevAttrMultiProcessorCount); }
 
 template <sm90::TileConfig kTile, Epilogue kEpilogue, sm90::MathSchedule kSchedule>
 void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& params, cudaStream_t stream) {
-  using Layout = sm90::GroupedGemmLayout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue>;
+  using Layout = sm90::StandaloneFp8Layout<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue, kSchedule>;
+  // Every config fits at kMaxExperts (staging rows and scale ring included).
+  static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
+                "grouped GEMM tile config overflows 227 KiB of shared memory at kMaxExperts");
+  if constexpr (kEpilogue == Epilogue::kStoreBf16) {
+    // store_bf16_epilogue_bulk copies 256-byte row pieces with cp.async.bulk: 16-byte aligned addresses.
+    MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
+                  "BF16 bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
+  }
   const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map =
       make_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
+  const int shared_limit = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  MEGAMOE_CHECK(shared_bytes <= shared_limit, "grouped GEMM ", Layout::kBlockM, "x", Layout::kBlockN, " tile with ",
+                kTile.stages, " stages needs ", shared_bytes, " bytes of shared memory for num_experts = ",
+                params.num_experts, ", more than the device's ", shared_limit, " per block");
   auto* kernel =
       &sm90::sm90_fp8_grouped_gemm_kernel<kTile.warpgroups_m, kTile.sub_tiles_m, kTile.stages, kEpilogue, kSchedule>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));

@@ -56,9 +56,19 @@ struct GroupedGemmParams {
   float limit = 0.f, alpha = 0.f;
 };
 
+// Row pitch of the BF16 staging buffer of store_bf16_epilogue_bulk: 128 BF16 (256 B) + 16 B of padding
+// (bank math there), a multiple of the 16 bytes a bulk copy's source address needs.
+constexpr int kBf16StagingPitch = 128 * 2 + 16;
+
 // kWarpgroupsM: 2 = the math warpgroups split the tile's rows (split-M), 1 = its columns (split-N).
 // kSubTilesM: 64-row sub-tiles per math warpgroup (each a separate 64 x 128 wgmma accumulator set).
-template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue>
+// kStagingRows: rows of BF16 staging per math warpgroup for store_bf16_epilogue_bulk (64 or 32; 0 = no
+// staging region: the direct-store epilogues, the BF16 kernel's alias, the fused kernel).
+// kSharedScales (v8): the A and B scales of every stage are staged in shared memory by the scale warp
+// (warp 1 of the producer warpgroup, cp.async) next to the operands, instead of each math thread
+// loading them from global memory. The fused kernel keeps global loads (false).
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, int kStagingRows = 0,
+          bool kSharedScales = false>
 struct GroupedGemmLayout {
   static constexpr int kWarpgroupsMValue = kWarpgroupsM;
   static constexpr int kSubTiles = kSubTilesM;
@@ -74,11 +84,42 @@ struct GroupedGemmLayout {
   static constexpr int kExchangeRegisters = 32;
   static constexpr int kExchangeBytes = kEpilogue == Epilogue::kSwigluQuantFp8 ? kExchangeRegisters * 128 * 4 : 0;
   static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
-  static constexpr int kBarrierOffset = kTilesBytes + kExchangeBytes;
+  // v8 BF16 epilogue: kMathWarpgroups x kStagingRows x kBf16StagingPitch bytes (64 rows: 34,816 B;
+  // 32 rows: 17,408 B), warpgroup w's rows at w * kStagingRows * kBf16StagingPitch.
+  static_assert(kStagingRows == 0 || (kEpilogue == Epilogue::kStoreBf16 && (kStagingRows == 32 || kStagingRows == 64)),
+                "BF16 staging: 32 or 64 rows per math warpgroup, kStoreBf16 only");
+  static constexpr int kStagingRowsValue = kStagingRows;
+  static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
+  static constexpr int kStagingOffset = kTilesBytes + kExchangeBytes;
+  static_assert(kStagingOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
+  // Scale ring (kSharedScales): per stage kBlockM A scales (tile row i at [i]; 0 for rows past the
+  // expert's end) then kMathWarpgroups B scales ([kBlockM + w] = the 128-column block math warpgroup w
+  // multiplies; both equal in split-M). Bytes = kStages * (kBlockM + 2) * 4, rounded up to 16.
+  static constexpr bool kScalesInShared = kSharedScales;
+  static constexpr int kScaleFloats = kBlockM + kMathWarpgroups;
+  static constexpr int kScalesOffset = kStagingOffset + kStagingBytes;
+  static constexpr int kScalesBytes = kSharedScales ? (kStages * kScaleFloats * 4 + 15) / 16 * 16 : 0;
+  static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
   // 1024 bytes of slack to align the base for the 128-byte swizzle; 3 int tables of E+1.
   static constexpr int shared_bytes(int num_experts) { return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts); }
 };
+
+// The standalone kernel's layout (v8): kStoreBf16 gets the BF16 staging region of
+// store_bf16_epilogue_bulk, a whole 64-row sub-tile per math warpgroup when that fits, else a 32-row
+// half (one more bulk-read wait per sub-tile; docs/grouped_gemm.md v8 has the table):
+//   64 x 256 (4 stages):  163,840 tiles + 34,816 staging -> 212,044 B at 1024 experts
+//   128 x 128 (6 stages): 196,608 tiles + 17,408 staging -> 227,436 B
+//   256 x 128 (4 stages): 196,608 tiles + 17,408 staging -> 227,404 B
+// (each total includes the 1,024 B alignment slack, the barriers and ExpertTileTable::bytes(1024) = 12,300 B).
+constexpr int kSharedBytesPerCta = 227 * 1024;  // sm_90 opt-in maximum of dynamic shared memory per CTA
+// Staging rows of the standalone kernel's BF16 epilogue: 64 where the whole layout (scale ring
+// included) fits at kMaxExperts, else 32.
+template <int kWarpgroupsM, int kSubTilesM, int kStages, bool kSharedScales>
+constexpr int standalone_bf16_staging_rows() {
+  using Whole = GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages, Epilogue::kStoreBf16, 64, kSharedScales>;
+  return Whole::shared_bytes(kMaxExperts) <= kSharedBytesPerCta ? 64 : 32;
+}
 
 __device__ __forceinline__ float activate(float gate, float up, int kind, float limit, float alpha) {
   if (kind == 0) return gate / (1.0f + expf(-gate)) * up;
@@ -93,6 +134,8 @@ struct Fp8GemmShared {
   uint8_t* a_tiles;
   uint8_t* b_tiles;
   float* exchange;
+  uint8_t* bf16_staging;  // kStagingOffset (kStagingBytes, 0 unless the layout has kStagingRows)
+  float* scales;          // Layout::kScalesInShared: [kStageCount][kScaleFloats]
   uint64_t* full;
   uint64_t* empty;
   uint8_t* table_base;  // kTableOffset: ExpertTileTable (and whatever a caller puts after it)
@@ -102,14 +145,17 @@ struct Fp8GemmShared {
     a_tiles = shared;
     b_tiles = shared + Layout::kStageCount * Layout::kABytes;
     exchange = reinterpret_cast<float*>(shared + Layout::kTilesBytes);
+    bf16_staging = shared + Layout::kStagingOffset;
+    scales = reinterpret_cast<float*>(shared + Layout::kScalesOffset);
     full = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
     empty = full + Layout::kStageCount;
     table_base = shared + Layout::kTableOffset;
   }
-  // One thread, before the CTA's first __syncthreads().
+  // One thread, before the CTA's first __syncthreads(). `full` completes on the TMA producer's
+  // arrive-expect (+ its bytes) and, with shared scales, one cp.async arrival per scale-warp lane.
   __device__ __forceinline__ void init_barriers() const {
     for (int s = 0; s < Layout::kStageCount; ++s) {
-      barrier_init(&full[s], 1);
+      barrier_init(&full[s], Layout::kScalesInShared ? 1 + 32 : 1);
       barrier_init(&empty[s], kMathWarpgroups * 4);  // lane 0 of every math warp
     }
     barrier_init_fence();
@@ -137,6 +183,36 @@ __device__ __forceinline__ void produce_fp8_tile(const Fp8GemmShared<Layout>& sm
     barrier_arrive_expect_bytes(&smem.full[cursor.stage], Layout::kABytes + Layout::kBBytes);
     tma_load_2d(smem.a_tiles + cursor.stage * Layout::kABytes, a_map, kb * kBlockK, m0, &smem.full[cursor.stage]);
     tma_load_2d(smem.b_tiles + cursor.stage * Layout::kBBytes, b_map, kb * kBlockK, b_row, &smem.full[cursor.stage]);
+    cursor.advance();
+  }
+}
+
+// Scale warp (Layout::kScalesInShared; all 32 lanes of one warp): for the same (tile, k-block)
+// sequence as produce_fp8_tile, waits for the stage to be free, copies the tile's kBlockM A scales of
+// k-block kb (rows >= m_end zero-filled) and the math warpgroups' B scales into the stage's scale slot
+// with 4-byte cp.async, and arrives on `full` when they have landed (one .noinc arrival per lane).
+// a_scales: [rows, k_blocks]; b_scales_wg[w]: the k_blocks scales of math warpgroup w's 128 columns.
+// NOTES: the math warpgroups read the slot after waiting on `full` and before arriving on `empty`, so
+// the ring protocol is the operands' own; a 4-byte cp.async never blocks this warp on load latency
+// (no registers held per stage), so one warp keeps up with 64-row tiles.
+template <class Layout>
+__device__ __forceinline__ void produce_fp8_scales(const Fp8GemmShared<Layout>& smem, const float* a_scales,
+                                                   const float* b_scales_wg0, const float* b_scales_wg1, int m0,
+                                                   int m_end, int k_blocks, PipelineCursor<Layout::kStageCount>& cursor) {
+  const int lane = threadIdx.x % 32;
+  const int valid_rows = m_end - m0;
+  const int64_t row_step = static_cast<int64_t>(32) * k_blocks;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    float* slot = smem.scales + cursor.stage * Layout::kScaleFloats;
+    const float* source = a_scales + static_cast<int64_t>(m0 + lane) * k_blocks + kb;
+#pragma unroll 1
+    for (int i = lane; i < Layout::kBlockM; i += 32, source += row_step) {
+      const bool valid = i < valid_rows;
+      cp_async_4(slot + i, valid ? source : a_scales, valid ? 4u : 0u);
+    }
+    if (lane < kMathWarpgroups) cp_async_4(slot + Layout::kBlockM + lane, (lane == 0 ? b_scales_wg0 : b_scales_wg1) + kb, 4u);
+    cp_async_arrive_noinc(&smem.full[cursor.stage]);
     cursor.advance();
   }
 }
@@ -315,21 +391,80 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
   }
 }
 
-// Math warpgroup: the full K loop of one tile into `accumulator` (zeroed here). a_scales rows are
-// [rows, k_blocks] FP32; b_scales points at the tile's (expert, 128-column block) row of k_blocks.
-// kSchedule = kOrderedIssue: every wgmma group is issued between take() and hand_over() of the
-// issue token (IssueTurn above; start()/finish() are the caller's, once per kernel).
-template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
-__device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
-                                                  const Fp8GemmShared<Layout>& smem,
-                                                  const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
-                                                  const float* b_scales, int k_blocks, int wg_m, int wg_n,
-                                                  PipelineCursor<Layout::kStageCount>& cursor) {
-  if constexpr (kSchedule == MathSchedule::kHalfOverlap) {
-    fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
-                                                            k_blocks, wg_m, wg_n, cursor);
-    return;
+// The kSerial / kOrderedIssue K loop with the scales read from the stage's scale slot (v8,
+// Layout::kScalesInShared): the same wgmma groups and the same promotion arithmetic per element as
+// fp8_tile_mainloop (bit-identical results), without global loads on the math warps. The slot is read
+// right after `full` and before this warpgroup's `empty` arrival; the values are consumed after the
+// wgmma wait (their shared-memory latency hides under the MMAs).
+// row_in_tile of MathRows' thread: where.rows[s][h] - where.rows[0][0] + (row of [0][0] in the tile).
+template <class Layout, MathSchedule kSchedule>
+__device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumulator)[Layout::kSubTiles][64],
+                                                                float (&partial)[64], const Fp8GemmShared<Layout>& smem,
+                                                                const MathRows<Layout::kSubTiles>& where, int k_blocks,
+                                                                int wg_m, int wg_n,
+                                                                PipelineCursor<Layout::kStageCount>& cursor) {
+  static_assert(kSchedule != MathSchedule::kHalfOverlap, "shared scales: serial and ordered-issue schedules");
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  const int lane = threadIdx.x % 32;
+  const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
+  // This thread's rows inside the tile (MathRows: row_in_tile + 64 s + 8 h, row_in_tile includes wg_m).
+  const int first_row = wg_m * Layout::kRowsPerWarpgroup + ((threadIdx.x % 128) / 32) * 16 + lane / 4;
+  const int b_slot = Layout::kBlockM + (Layout::kWarpgroupsMValue == 2 ? 0 : wg_n);
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.full[cursor.stage], cursor.phase);
+    const float* slot = smem.scales + cursor.stage * Layout::kScaleFloats;
+    float scale_a[kSubTilesM][2];
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale_a[s][h] = slot[first_row + 64 * s + 8 * h];
+    const float scale_b = slot[b_slot];
+    const uint32_t a_stage = kmajor_sw128_descriptor_low(smem_address(
+        smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
+    const uint32_t b_stage =
+        kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
+      wgmma_fence();
+#pragma unroll
+      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
+                              sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+      wgmma_commit();
+      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if (s == kSubTilesM - 1) {
+        if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+        cursor.advance();
+      }
+      const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
+        accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
+        accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
+        accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+      }
+    }
   }
+}
+
+// kSerial / kOrderedIssue K loop with every math thread loading its rows' scales from global memory,
+// one k-block ahead (the fused kernel; scales written during its launch need kCoherentScales).
+template <class Layout, bool kCoherentScales, MathSchedule kSchedule>
+__device__ __forceinline__ void fp8_tile_mainloop_global_scales(
+    float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64], const Fp8GemmShared<Layout>& smem,
+    const MathRows<Layout::kSubTiles>& where, const float* a_scales_base, const float* b_scales, int k_blocks, int wg_m,
+    int wg_n, PipelineCursor<Layout::kStageCount>& cursor) {
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
   const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
@@ -409,6 +544,28 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
   }
 }
 
+// Math warpgroup: the full K loop of one tile into `accumulator` (zeroed here). a_scales rows are
+// [rows, k_blocks] FP32; b_scales points at the tile's (expert, 128-column block) row of k_blocks
+// (both unused with Layout::kScalesInShared: the scale warp stages them). kSchedule = kOrderedIssue:
+// every wgmma group is issued between take() and hand_over() of the issue token (IssueTurn above;
+// start()/finish() are the caller's, once per kernel).
+template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
+__device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
+                                                  const Fp8GemmShared<Layout>& smem,
+                                                  const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
+                                                  const float* b_scales, int k_blocks, int wg_m, int wg_n,
+                                                  PipelineCursor<Layout::kStageCount>& cursor) {
+  if constexpr (kSchedule == MathSchedule::kHalfOverlap)
+    fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
+                                                            k_blocks, wg_m, wg_n, cursor);
+  else if constexpr (Layout::kScalesInShared)
+    fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, where, k_blocks, wg_m, wg_n, cursor);
+  else
+    fp8_tile_mainloop_global_scales<Layout, kCoherentScales, kSchedule>(accumulator, partial, smem, where,
+                                                                        a_scales_base, b_scales, k_blocks, wg_m, wg_n,
+                                                                        cursor);
+}
+
 // BF16 epilogue: row pointer of every valid accumulator row from `row_out(row)` (a bf16* to the
 // row's column 0; the standalone kernel's out + row * n, the fused kernel's peer combine slot).
 // Accumulator fragment of wgmma m64n128: register 4j+{0,1} = (row, 8j + 2*(lane%4) + {0,1}),
@@ -475,6 +632,83 @@ __device__ __forceinline__ void store_bf16_epilogue_wide(const float (&accumulat
       for (int m = 0; m < 4; ++m)
         *reinterpret_cast<uint4*>(out_row + 8 * (4 * m + q)) = make_uint4(words[m][0], words[m][1], words[m][2], words[m][3]);
     }
+}
+
+// v8 BF16 epilogue (the standalone kernel's kStoreBf16): the accumulators go to BF16 in a shared-memory
+// staging buffer, and whole 256-byte output rows leave it by 1-D bulk copies (cp.async.bulk, the TMA
+// engine), asynchronously: the warpgroup starts its next tile while the copies drain, instead of
+// waiting on 32-64 st.global of 4 bytes per thread (16 bytes per row per warp instruction, half sectors).
+// `staging` = this math warpgroup's kStagingRows x kBf16StagingPitch bytes; first_row = the global row of
+// its accumulator row 0 (tile m0 + its row offset in the tile); col_base = its first output column (a
+// multiple of 128, no per-lane offset); out rows are out_cols BF16 apart.
+// NOTES:
+// - Ownership: wgmma m64n128 gives warp w of the warpgroup the sub-tile rows 16w .. 16w + 15, all 128
+//   columns. Each warp stages only its own rows and copies them itself, so __syncwarp orders both hazards
+//   (no named barrier, no wait on the other warps): warp w's staging rows are [w R, w R + R) with
+//   R = kStagingRows / 4 rows per chunk.
+// - Chunks: kStagingRows = 64 stages a whole sub-tile (both row halves: fragment registers 4j+{0,1} = row
+//   16w + g, 4j+{2,3} = row 16w + 8 + g, g = lane / 4; staging row 8h + g of the warp); kStagingRows = 32
+//   stages one row half h per chunk (staging row g), two chunks per sub-tile.
+// - Bank math (st.shared.b32, pitch 272 B = 68 words): lane 4g + q writes word 68 (row0 + g) + 4j + q of
+//   register pair j; 68 = 4 (mod 32), so its bank is 4g + q + 4j + const (mod 32): the 8 x 4 lanes hit 32
+//   distinct banks. With a 256-byte pitch all g would share 4 banks (8-way conflict).
+// - Per chunk: (1) every lane waits until its earlier bulk copies have READ their staging rows
+//   (wait_group.read 0; lanes that issued none return at once), __syncwarp: the rows may be rewritten;
+//   (2) st.shared of the BF16 pairs, fence.proxy.async.shared::cta (generic-proxy writes visible to the
+//   bulk copy's async proxy), __syncwarp; (3) lane i < R copies staging row i to its global row if that
+//   row is < m_end, and commits a bulk group. Rows >= m_end (the next expert's or padding) are never
+//   written: the tile that owns them writes them.
+// - The caller must run bulk_wait_all() (wait_group 0) in every math thread before the kernel exits:
+//   the writes complete within the grid, and the staging memory is not released while still being read.
+// - Alignment (bulk copies need 16-byte addresses): the staging region starts 16-byte aligned (layout
+//   static_assert) and its rows are 272 B apart; out is 16-byte aligned and out_cols % 128 == 0 (launcher
+//   checks), col_base % 128 == 0.
+// - Values: __floats2bfloat162_rn of the same accumulator pairs as store_bf16_epilogue: bit-identical.
+template <int kSubTilesM, int kStagingRows>
+__device__ __forceinline__ void store_bf16_epilogue_bulk(const float (&accumulator)[kSubTilesM][64], uint8_t* staging,
+                                                         int first_row, int m_end, __nv_bfloat16* out, int out_cols,
+                                                         int col_base) {
+  static_assert(kStagingRows == 64 || kStagingRows == 32, "a sub-tile or one row half of it per chunk");
+  static_assert(kBf16StagingPitch % 16 == 0 && (kBf16StagingPitch / 4) % 32 == 4, "bank math above");
+  constexpr int kChunksPerSubTile = 64 / kStagingRows;
+  constexpr int kHalvesPerChunk = 2 / kChunksPerSubTile;
+  constexpr int kWarpRows = kStagingRows / 4;  // R: staged rows per warp per chunk
+  constexpr uint32_t kRowBytes = 128 * sizeof(__nv_bfloat16);
+  const int lane = threadIdx.x % 32;
+  const int warp = (threadIdx.x / 32) % 4;
+  uint8_t* warp_staging = staging + warp * kWarpRows * kBf16StagingPitch;
+  const uint32_t lane_address = smem_address(warp_staging) + (lane / 4) * kBf16StagingPitch + (lane % 4) * 4;
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int c = 0; c < kChunksPerSubTile; ++c) {
+      uint32_t pairs[kHalvesPerChunk][16];  // converted before the wait: the cvts overlap it
+#pragma unroll
+      for (int i = 0; i < kHalvesPerChunk; ++i) {
+        const int h = kChunksPerSubTile == 1 ? i : c;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const __nv_bfloat162 v = __floats2bfloat162_rn(accumulator[s][4 * j + 2 * h], accumulator[s][4 * j + 2 * h + 1]);
+          pairs[i][j] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+      }
+      bulk_wait_all_read();
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < kHalvesPerChunk; ++i)
+#pragma unroll
+        for (int j = 0; j < 16; ++j) st_shared_b32(lane_address + i * 8 * kBf16StagingPitch + 16 * j, pairs[i][j]);
+      fence_proxy_async_shared();
+      __syncwarp();
+      if (lane < kWarpRows) {
+        const int row = first_row + 64 * s + 16 * warp + (kChunksPerSubTile == 1 ? lane : 8 * c + lane);
+        if (row < m_end)
+          bulk_copy_shared_to_global(out + static_cast<int64_t>(row) * out_cols + col_base,
+                                     warp_staging + lane * kBf16StagingPitch, kRowBytes);
+        bulk_commit_group();
+      }
+    }
+  __syncwarp();
 }
 
 // SwiGLU + optional top-k weight + FP8 requantization (split-N tiles: math warpgroup 0 holds the 128
@@ -577,11 +811,21 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
 }
 
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
+// Shared-memory layout of the standalone kernel: scales staged in shared memory (v8) except for the
+// kHalfOverlap schedule, which keeps its own software-pipelined global loads.
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
+using StandaloneFp8Layout = GroupedGemmLayout<
+    kWarpgroupsM, kSubTilesM, kStages, kEpilogue,
+    kEpilogue == Epilogue::kStoreBf16
+        ? standalone_bf16_staging_rows<kWarpgroupsM, kSubTilesM, kStages, kSchedule != MathSchedule::kHalfOverlap>()
+        : 0,
+    kSchedule != MathSchedule::kHalfOverlap>;
+
 template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                  const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
-  using Layout = GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue>;
+  using Layout = StandaloneFp8Layout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue, kSchedule>;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kEpilogue != Epilogue::kSwigluQuantFp8 || kWarpgroupsM == 1, "SwiGLU epilogue needs split-N");
 
@@ -613,11 +857,30 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   // 4-8 bytes (the token's branches); at 240 ptxas reports no spill for any instantiation, and the
   // producer thread (tile walk + TMA issue) fits in 24. The fused kernel keeps kProducerRegisters /
   // kMathRegisters.
+  // NOTES: the pool is what the launch allocated, 168 x 384 = 64,512 (__launch_bounds__(384, 1) caps
+  // ptxas at 168), not 65,536: 24 + 2 x 240 uses all of it, and a larger producer share makes the math
+  // warpgroups' setmaxnreg.inc wait forever (v8 draft: 32 hung every launch). The scale warp fits in 24.
   constexpr uint32_t kProducerRegs = 24;
   constexpr uint32_t kMathRegs = 240;
-  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 512, "register file: 64 K per SM, 128-thread slots");
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
+    if constexpr (Layout::kScalesInShared) {
+      if (threadIdx.x / 32 == 1) {  // the scale warp
+        PipelineCursor<kStages> cursor;
+        int expert = 0;
+        const int n_blocks = params.n / 128;
+        for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+          const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+          const float* b_scales =
+              params.b_scales + (static_cast<int64_t>(expert) * n_blocks + (where.n_tile * kBlockN) / 128) * k_blocks;
+          produce_fp8_scales(smem, params.a_scales, b_scales, kWarpgroupsM == 2 ? b_scales : b_scales + k_blocks,
+                             where.m0, where.m_end, k_blocks, cursor);
+        }
+        cp_async_wait_all();
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     PipelineCursor<kStages> cursor;
     int expert = 0;
@@ -650,9 +913,10 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     fp8_tile_mainloop<Layout, false, kSchedule>(accumulator, partial, smem, where, params.a_scales, b_scales,
                                                 k_blocks, wg_m, wg_n, cursor);
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
-      auto* out = static_cast<__nv_bfloat16*>(params.out);
-      store_bf16_epilogue(accumulator, where, t.n_tile * kBlockN + wg_n * 128 + 2 * (lane % 4),
-                          [&](int row) { return out + static_cast<int64_t>(row) * params.n; });
+      store_bf16_epilogue_bulk<kSubTilesM, Layout::kStagingRowsValue>(
+          accumulator, smem.bf16_staging + math_wg * Layout::kStagingRowsValue * kBf16StagingPitch,
+          t.m0 + wg_m * Layout::kRowsPerWarpgroup, t.m_end, static_cast<__nv_bfloat16*>(params.out), params.n,
+          t.n_tile * kBlockN + wg_n * 128);
     } else {
       swiglu_quant_fp8_epilogue<Layout, false>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
                                                params.topk_weights, static_cast<uint8_t*>(params.out),
@@ -660,6 +924,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     }
   }
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.finish();
+  if constexpr (kEpilogue == Epilogue::kStoreBf16) bulk_wait_all();  // store_bf16_epilogue_bulk NOTES
 }
 
 }  // namespace megamoe::kernels::sm90

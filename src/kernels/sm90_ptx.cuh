@@ -30,6 +30,22 @@ __device__ __forceinline__ void barrier_arrive_expect_bytes(uint64_t* barrier, u
                                        barrier, bytes);
 }
 
+// ---- cp.async, 4 bytes, completion counted on an mbarrier ------------------------------------------
+// Copies 4 bytes global -> shared, or zero-fills them when source_bytes = 0 (then nothing is read).
+__device__ __forceinline__ void cp_async_4(void* smem_destination, const void* source, uint32_t source_bytes) {
+  asm volatile("cp.async.ca.shared::cta.global [%0], [%1], 4, %2;" ::"r"(smem_address(smem_destination)),
+               "l"(source), "r"(source_bytes)
+               : "memory");
+}
+// One arrival on `barrier` once all of this thread's earlier cp.async have landed. .noinc: the arrival
+// is one of the arrivals the barrier was initialised with (it does not add a pending one).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_address(barrier)) : "memory");
+}
+
+// Blocks until all of this thread's cp.async have completed (before a thread with copies in flight exits).
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // ---- TMA: 2D tile global -> shared, completion counted in bytes on `barrier` ---------------------
 __device__ __forceinline__ void tma_load_2d(void* smem_destination, const void* tensor_map, int32_t inner,
                                             int32_t outer, uint64_t* barrier) {
@@ -40,6 +56,24 @@ __device__ __forceinline__ void tma_load_2d(void* smem_destination, const void* 
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");
 }
+
+// ---- 1-D bulk copy shared -> global (TMA engine, no tensor map) and its per-thread bulk groups ------
+// NOTES: addresses 16-byte aligned, size a multiple of 16. The groups belong to the issuing thread:
+// only it can wait for them. Shared-memory writes a bulk copy reads must be made visible to the async
+// proxy first (fence_proxy_async_shared by the writers, then a barrier with the issuing thread).
+__device__ __forceinline__ void st_shared_b32(uint32_t smem_byte_address, uint32_t value) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(smem_byte_address), "r"(value) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
+__device__ __forceinline__ void bulk_copy_shared_to_global(void* global_destination, const void* smem_source,
+                                                           uint32_t bytes) {
+  cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, global_destination, smem_source, bytes);
+}
+__device__ __forceinline__ void bulk_commit_group() { cuda::ptx::cp_async_bulk_commit_group(); }
+// All of this thread's bulk groups have finished READING their shared-memory source (it may be reused).
+__device__ __forceinline__ void bulk_wait_all_read() { cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); }
+// All of this thread's bulk groups are complete (their global writes performed).
+__device__ __forceinline__ void bulk_wait_all() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
 
 // ---- register reallocation between warpgroups ------------------------------------------------------
 template <uint32_t kRegisters>

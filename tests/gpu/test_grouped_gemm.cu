@@ -120,6 +120,28 @@ const char* schedule_name(Fp8GemmSchedule schedule) {
   }
 }
 
+// A problem's operands on the device and the plain GEMM's arguments over them (out: bf16 [capacity, n]).
+struct PlainDeviceProblem {
+  DeviceBuffer a, a_scales, w, w_scales, offsets, out;
+  explicit PlainDeviceProblem(const Problem& p)
+      : a(p.a), a_scales(p.a_scales), w(p.w), w_scales(p.w_scales), offsets(p.offsets),
+        out(p.capacity * p.n * sizeof(uint16_t)) {}
+  kernels::GroupedGemmFp8Args args(const Problem& p) const {
+    kernels::GroupedGemmFp8Args args;
+    args.a = a.as<uint8_t>();
+    args.a_scales = a_scales.as<float>();
+    args.weights = w.as<uint8_t>();
+    args.weight_scales = w_scales.as<float>();
+    args.expert_offsets = offsets.as<int32_t>();
+    args.out = out.as<uint16_t>();
+    args.m_capacity = p.capacity;
+    args.num_experts = p.experts;
+    args.n = p.n;
+    args.k = p.k;
+    return args;
+  }
+};
+
 // schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
 // bit-identical results: the schedules only reorder wgmma issue between the two math warpgroups, never
 // the operations of one output element.
@@ -127,20 +149,9 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
                Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto) {
   const Problem p = make_problem(counts, n, k, seed, exact);
   SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) + " schedule " + schedule_name(schedule));
-  DeviceBuffer a(p.a), a_scales(p.a_scales), w(p.w), w_scales(p.w_scales), offsets(p.offsets);
-  DeviceBuffer out(p.capacity * n * sizeof(uint16_t));
-  poison_device_buffer(out.data, out.bytes);
-  kernels::GroupedGemmFp8Args args;
-  args.a = a.as<uint8_t>();
-  args.a_scales = a_scales.as<float>();
-  args.weights = w.as<uint8_t>();
-  args.weight_scales = w_scales.as<float>();
-  args.expert_offsets = offsets.as<int32_t>();
-  args.out = out.as<uint16_t>();
-  args.m_capacity = p.capacity;
-  args.num_experts = p.experts;
-  args.n = n;
-  args.k = k;
+  const PlainDeviceProblem device(p);
+  const DeviceBuffer& out = device.out;
+  kernels::GroupedGemmFp8Args args = device.args(p);
   args.rows_per_expert_hint = rows_hint;
   const auto run_once = [&](Fp8GemmSchedule which) {
     poison_device_buffer(out.data, out.bytes);
@@ -216,6 +227,117 @@ TEST(GroupedGemmFp8, PlainBitExactSmallIntegers) {
   run_plain({3, 0, 128, 77}, 256, 1024, 5, 0, true);
   run_plain({3, 0, 128, 77}, 256, 1024, 6, 8, true);
   run_plain({3, 0, 128, 77}, 256, 1024, 7, 128, true);
+}
+
+// fp64 value of every expert row's out[r, c] computed on the device, one thread per element, from the
+// host's E4M3 decode table (no tensor cores, no shared code with the kernel): a fast reference for
+// problems whose CPU reference would take minutes. row_expert[r] = -1 for rows of no expert (skipped).
+__global__ void plain_gemm_device_reference(const uint8_t* a, const float* a_scales, const uint8_t* w,
+                                            const float* w_scales, const int32_t* row_expert, const double* decode,
+                                            int64_t rows, int n, int k, double* out) {
+  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (index >= rows * n) return;
+  const int64_t r = index / n;
+  const int c = static_cast<int>(index % n);
+  const int e = row_expert[r];
+  if (e < 0) return;
+  const int kb_count = k / 128;
+  double sum = 0;
+  for (int kb = 0; kb < kb_count; ++kb) {
+    const uint8_t* a_block = a + r * k + kb * 128;
+    const uint8_t* w_block = w + (static_cast<int64_t>(e) * n + c) * k + kb * 128;
+    double block = 0;
+    for (int i = 0; i < 128; ++i) block += decode[a_block[i]] * decode[w_block[i]];
+    sum += block * static_cast<double>(a_scales[r * kb_count + kb]) *
+           w_scales[(static_cast<int64_t>(e) * (n / 128) + c / 128) * kb_count + kb];
+  }
+  out[index] = sum;
+}
+
+// v8 BF16 bulk-store epilogue on problems with several tiles per CTA (each math warpgroup reuses its
+// staging rows across chunks, sub-tiles and tiles) and many expert boundaries inside tiles: exactly
+// representable inputs (small integers, power-of-two scales), so every expert row must equal
+// bf16_rn(fp64 value) bit for bit, and rows of no expert must keep their poison. Each rows hint picks a
+// tile config (0: 256 x 128 / 32-row staging, 200: 128 x 128 / 32-row, 16: 64 x 256 / 64-row) and every
+// schedule runs it.
+void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, uint64_t seed, const std::string& what) {
+  const Problem p = make_problem(counts, n, k, seed, true);
+  std::vector<int32_t> row_expert(p.capacity, -1);
+  for (int e = 0; e < p.experts; ++e)
+    for (int r = p.offsets[e]; r < p.offsets[e + 1]; ++r) row_expert[r] = e;
+  std::vector<double> decode(256);
+  for (int code = 0; code < 256; ++code) {
+    const float value = e4m3_decode(static_cast<uint8_t>(code));
+    decode[code] = std::isfinite(value) ? value : 0.0;  // NaN codes never occur in small-integer inputs
+  }
+  const PlainDeviceProblem device(p);
+  DeviceBuffer row_expert_d(row_expert), decode_d(decode), reference_d(p.capacity * n * sizeof(double));
+  const int64_t elements = p.capacity * n;
+  plain_gemm_device_reference<<<static_cast<unsigned>((elements + 255) / 256), 256>>>(
+      device.a.as<uint8_t>(), device.a_scales.as<float>(), device.w.as<uint8_t>(), device.w_scales.as<float>(),
+      row_expert_d.as<int32_t>(), decode_d.as<double>(), p.capacity, n, k, reference_d.as<double>());
+  MEGAMOE_CUDA_CHECK(cudaGetLastError());
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto reference = reference_d.download<double>();
+  std::vector<uint16_t> expected(elements, 0xFFFF);
+  int64_t inexact = 0;
+  for (int64_t r = 0; r < p.capacity; ++r) {
+    if (row_expert[r] < 0) continue;
+    for (int c = 0; c < n; ++c) {
+      const double value = reference[r * n + c];
+      if (static_cast<double>(static_cast<float>(value)) != value) ++inexact;
+      expected[r * n + c] = bf16_round(static_cast<float>(value));
+    }
+  }
+  ASSERT_EQ(inexact, 0) << "exact-input sums must be exact in FP32 (seed " << seed << ")";
+
+  const DeviceBuffer& out = device.out;
+  kernels::GroupedGemmFp8Args args = device.args(p);
+  for (const int hint : {0, 200, 16})
+    for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kSerial, Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap}) {
+      SCOPED_TRACE(what + " seed " + std::to_string(seed) + " experts " + std::to_string(p.experts) + " rows " +
+                   std::to_string(p.offsets.back() - p.offsets.front()) + " n " + std::to_string(n) + " k " +
+                   std::to_string(k) + " hint " + std::to_string(hint) + " schedule " + schedule_name(schedule));
+      poison_device_buffer(out.data, out.bytes);
+      args.rows_per_expert_hint = hint;
+      args.schedule = schedule;
+      kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+      MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = out.download<uint16_t>();
+      int64_t wrong = 0, compared = 0;
+      for (int64_t r = 0; r < p.capacity; ++r)
+        for (int c = 0; c < n; ++c) {
+          ++compared;
+          if (got[r * n + c] != expected[r * n + c] && wrong++ < 5)
+            ADD_FAILURE() << "out[" << r << ", " << c << "] (expert " << row_expert[r] << ") = 0x" << std::hex
+                          << got[r * n + c] << " expected 0x" << expected[r * n + c] << std::dec;
+        }
+      EXPECT_EQ(wrong, 0) << "of " << compared;
+    }
+}
+
+TEST(GroupedGemmFp8, PlainBulkStoreManyTilesPerCta) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  // Experts ending on and around every staging boundary (8-row warp halves, 16-row warp slices, 32-row
+  // chunks, 64-row sub-tiles, 128 / 256-row tiles), then seeded random ones: 416-624 tiles, 3-5 per CTA.
+  std::vector<int> counts = {0, 1, 8, 16, 24, 31, 32, 33, 64, 100, 129, 255, 256, 257, 520};
+  const uint64_t seed = 8101;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> rows(0, 600);
+  for (int i = 0; i < 6; ++i) counts.push_back(rows(rng));
+  run_plain_exact_many_tiles(counts, 2048, 256, seed, "many tiles");
+}
+
+// kMaxExperts (the largest ExpertTileTable, so the largest shared-memory carve-up of every config) with
+// most experts of 0-5 rows: hundreds of tiles per config, nearly every one mixing two experts' rows.
+TEST(GroupedGemmFp8, PlainBulkStoreMaxExperts) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const uint64_t seed = 8102;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> rows(0, 5), large(0, 300);
+  std::vector<int> counts(1024);
+  for (int e = 0; e < 1024; ++e) counts[e] = e % 97 == 3 ? large(rng) : rows(rng);
+  run_plain_exact_many_tiles(counts, 256, 128, seed, "1024 experts");
 }
 
 double activate(double gate, double up, const Activation& act) {
