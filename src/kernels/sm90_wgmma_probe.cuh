@@ -72,34 +72,23 @@ __device__ __forceinline__ void fence_fragment(float (&fragment)[kRegisters]) {
   for (int i = 0; i < kRegisters; ++i) fence_operand(fragment[i]);
 }
 
-// One group = 4 wgmma k32 steps over the 128-K block, committed. a_low / b_low: descriptor start
+// One group = 4 wgmma k32 steps over the 128-K block, committed; the instruction follows the fragment
+// size (32 registers: m64n64k32, 64: m64n128k32, 128: m64n256k32). a_low / b_low: descriptor start
 // words of the 64-row A slice and the B slice (kmajor_sw128_descriptor_low); a k-step is +32 bytes.
-__device__ __forceinline__ void probe_group_n128(float (&d)[64], uint32_t a_low, uint32_t b_low, bool overwrite) {
+// `overwrite`: the first k-step ignores the fragment's old value (scale-d = 0), as the GEMM's partial.
+template <int kRegisters>
+__device__ __forceinline__ void probe_group(float (&d)[kRegisters], uint32_t a_low, uint32_t b_low, bool overwrite) {
   fence_fragment(d);
   wgmma_fence();
 #pragma unroll
-  for (int k_step = 0; k_step < 4; ++k_step)
-    wgmma_m64n128k32_e4m3(d, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                          sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)),
-                          (overwrite && k_step == 0) ? 0u : 1u);
-  wgmma_commit();
-}
-__device__ __forceinline__ void probe_group_n64(float (&d)[32], uint32_t a_low, uint32_t b_low) {
-  fence_fragment(d);
-  wgmma_fence();
-#pragma unroll
-  for (int k_step = 0; k_step < 4; ++k_step)
-    wgmma_m64n64k32_e4m3(d, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                         sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
-  wgmma_commit();
-}
-__device__ __forceinline__ void probe_group_n256(float (&d)[128], uint32_t a_low, uint32_t b_low) {
-  fence_fragment(d);
-  wgmma_fence();
-#pragma unroll
-  for (int k_step = 0; k_step < 4; ++k_step)
-    wgmma_m64n256k32_e4m3(d, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                          sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), 1u);
+  for (int k_step = 0; k_step < 4; ++k_step) {
+    const uint64_t a_descriptor = sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4));
+    const uint64_t b_descriptor = sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4));
+    const uint32_t accumulate = (overwrite && k_step == 0) ? 0u : 1u;
+    if constexpr (kRegisters == 32) wgmma_m64n64k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
+    else if constexpr (kRegisters == 64) wgmma_m64n128k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
+    else wgmma_m64n256k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
+  }
   wgmma_commit();
 }
 
@@ -171,7 +160,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
     for (int step = 0; step < iterations; ++step) {
 #pragma unroll
       for (int s = 0; s < kGroups; ++s) {
-        probe_group_n128(accumulator[s], a_low + s * kSubTileStep, b_low, false);
+        probe_group(accumulator[s], a_low + s * kSubTileStep, b_low, false);
         if constexpr (kPattern == WgmmaProbePattern::kLatency) wgmma_wait<0>();
         else wgmma_wait<1>();
       }
@@ -186,7 +175,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
 #pragma unroll
     for (int i = 0; i < 128; ++i) accumulator[i] = 0.0f;
     for (int step = 0; step < iterations; ++step) {
-      probe_group_n256(accumulator, a_low, b_low);
+      probe_group(accumulator, a_low, b_low, false);
       if constexpr (kPattern == WgmmaProbePattern::kLatencyN256) wgmma_wait<0>();
       else wgmma_wait<1>();
     }
@@ -211,7 +200,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
       for (int s = 0; s < kSubTiles; ++s) {
         // D accumulates across groups: ptxas removes a wgmma whose result is overwritten unread (the
         // empty-asm fence_operand does not reach it), which would drop D's first sub-tile.
-        probe_group_n128(partial, a_low + s * kSubTileStep, b_low, kPromotes);
+        probe_group(partial, a_low + s * kSubTileStep, b_low, kPromotes);
         wgmma_wait<0>();
         fence_fragment(partial);
         if constexpr (kPromotes)
@@ -240,10 +229,10 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
         probe_promote(&accumulator[s][32 * half], partial[half], a_scales[2 * s] * scale_b,
                       a_scales[2 * s + 1] * scale_b);
       };
-      probe_group_n64(partial[0], a_low, b_low);
+      probe_group(partial[0], a_low, b_low, true);
 #pragma unroll
       for (int g = 1; g < kGroups; ++g) {
-        probe_group_n64(partial[g % 2], a_low + (g / 2) * kSubTileStep, b_low + (g % 2) * kHalfStep);
+        probe_group(partial[g % 2], a_low + (g / 2) * kSubTileStep, b_low + (g % 2) * kHalfStep, true);
         wgmma_wait<1>();
         promote(g - 1);
       }
