@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -49,8 +50,13 @@ TEST(WgmmaProbe, FragmentsMatchReferenceAndChecksumsRepeat) {
       const std::vector<float> got = fragments.download<float>();
       const std::vector<float> sums = checksums.download<float>();
       const std::vector<long long> clocks = cycles.download<long long>();
-      // CTA 0 against the reference: rel-L2 and an elementwise bound (FP8 wgmma accumulates with
-      // reduced precision, ~2^-13 of the magnitude; a layout or descriptor error is O(1)).
+      // CTA 0 against the reference: rel-L2 and an elementwise bound. FP8 wgmma keeps ~14 bits of the
+      // running sum: C and E promote every group (4 k32 in the tensor core) into FP32, the other
+      // patterns accumulate all 19 x 4 (D: 19 x 8) k32 chunks in the tensor core, up to ~2e-3 of
+      // the magnitude if the truncation is one-sided. A layout or descriptor error is O(1).
+      const bool promoted = config.pattern == kernels::WgmmaProbePattern::kPromote ||
+                            config.pattern == kernels::WgmmaProbePattern::kOverlapHalves;
+      const double rel_l2_bound = promoted ? 2e-3 : 1e-2, element_bound = promoted ? 5e-3 : 2e-2;
       double error2 = 0, reference2 = 0;
       for (size_t i = 0; i < per_cta; ++i) {
         ASSERT_TRUE(std::isfinite(got[i])) << label << " element " << i;
@@ -59,9 +65,10 @@ TEST(WgmmaProbe, FragmentsMatchReferenceAndChecksumsRepeat) {
       }
       const double rms = std::sqrt(reference2 / per_cta);
       ASSERT_GT(rms, 0.0) << label;
-      EXPECT_LT(std::sqrt(error2 / reference2), 2e-3) << label;
+      EXPECT_LT(std::sqrt(error2 / reference2), rel_l2_bound) << label;
+      if (repeat == 0) std::printf("%-12s rel-L2 %.3g\n", kernels::wgmma_probe_label(config).c_str(), std::sqrt(error2 / reference2));
       for (size_t i = 0; i < per_cta; ++i)
-        ASSERT_LE(std::fabs(got[i] - reference[i]), 1e-2 * (std::fabs(reference[i]) + rms))
+        ASSERT_LE(std::fabs(got[i] - reference[i]), element_bound * (std::fabs(reference[i]) + rms))
             << label << " thread " << i / shape.fragment_registers << " register " << i % shape.fragment_registers
             << ": " << got[i] << " vs " << reference[i];
       // every CTA computes the same; checksum = the thread's fragment sum in register order
