@@ -1,9 +1,9 @@
 // wgmma issue-pattern probe kernel (issue #3; buffers and patterns: wgmma_probe.h). Persistent, one CTA
 // per SM, `kWarpgroups` math warpgroups and no producer: the operands are written to shared memory
 // once, then every warpgroup runs `iterations` steps of its pattern on them, timed with clock64.
-// The mainloop bodies mirror fp8_tile_mainloop (serial and half-overlap schedules) with the TMA,
-// mbarrier and scale-load traffic removed, so that the difference between patterns is the issue
-// pattern alone.
+// The mainloop bodies mirror fp8_tile_mainloop (serial and half-overlap schedules) without TMA and
+// mbarriers, and with the per-128-K scales read from a 16-step table in shared memory instead of
+// global memory, so that the difference between patterns is the issue pattern alone.
 //
 // NOTES:
 // - The operands are written with generic st.shared and read by wgmma through the async proxy:
@@ -12,6 +12,8 @@
 //   (both operands from shared memory, 128-byte swizzle); only global memory is out of the picture.
 // - The final fragment of every thread (wgmma_probe.h) is reduced to a checksum (and optionally
 //   stored), so that the compiler keeps every FFMA; wgmma itself is asm volatile.
+// - ptxas drops a wgmma whose accumulator is overwritten before anything reads it (the empty-asm
+//   fence_operand does not survive to ptxas): every pattern reads or accumulates every group's result.
 // - Registers: __launch_bounds__(128 * kWarpgroups, 1) gives 255 per thread for 1-2 warpgroups and 168
 //   for 3, which is what decides the sub-tile count of the 3-warpgroup C / E configurations.
 #pragma once
