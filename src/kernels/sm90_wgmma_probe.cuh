@@ -56,8 +56,8 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], uint64_t 
       : "l"(a_descriptor), "l"(b_descriptor), "r"(accumulate));
 }
 
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// (fence_proxy_async_shared: sm90_ptx.cuh.)
 // Row-major [rows][128] bytes -> 128-byte swizzled K-major tile (16-byte chunk c of row r at chunk
 // c ^ (r % 8)), as TMA's SWIZZLE_128B writes it; `tile` is 1024-byte aligned.
 __device__ __forceinline__ void store_sw128_tile(uint8_t* tile, const uint8_t* rows_bytes, int rows) {
