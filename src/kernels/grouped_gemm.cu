@@ -66,11 +66,10 @@ void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& p
   // Every config fits at kMaxExperts (staging rows and scale ring included).
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "grouped GEMM tile config overflows 227 KiB of shared memory at kMaxExperts");
-  if constexpr (kEpilogue == Epilogue::kStoreBf16) {
-    // store_bf16_epilogue_bulk copies 256-byte row pieces with cp.async.bulk: 16-byte aligned addresses.
-    MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
-                  "BF16 bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
-  }
+  // Both epilogues copy row pieces (BF16 256 bytes, FP8 128 bytes) with cp.async.bulk: 16-byte aligned
+  // addresses (rows are n or n / 2 bytes apart, n a multiple of 128).
+  MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
+                "bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
   const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map =
       make_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);

@@ -734,7 +734,16 @@ __device__ __forceinline__ void store_bf16_epilogue_bulk(const float (&accumulat
 //   changed, so outputs are bit-identical to v6's (tested against the same device arithmetic).
 // - The caller of a tile that must publish the stores (the fused kernel's gemm1_done) has to cover
 //   both warpgroups' rows: each warpgroup stores half of them.
-template <class Layout, bool kCoherentScales, int kKeep>
+// kBulkStore (v8c, the standalone kernel): the FP8 rows go out through shared memory and 128-byte bulk
+// copies instead of 2-byte stores per thread (as the v8 BF16 epilogue; 8 rows x 8 bytes per warp store
+// instruction otherwise).
+// NOTES (kBulkStore): each warp stages the 8 rows it finishes (lanes 4r..4r+3 hold row r's 128 codes) in
+// its own 8 x kFp8StagingPitch bytes of the exchange buffer, which is free after a sub-tile's last
+// exchange round; lanes 0..7 copy row r = lane when valid. The exchange buffer is written again by the
+// next sub-tile (or tile): every sub-tile starts with the issuing lanes' bulk_wait_all_read() and a
+// barrier over both math warpgroups. The caller runs bulk_wait_all() before the kernel exits.
+constexpr int kFp8StagingPitch = 128 + 16;  // bytes: 16-byte aligned rows, 2-byte writes conflict-free
+template <class Layout, bool kCoherentScales, int kKeep, bool kBulkStore = false>
 __device__ __forceinline__ void swiglu_quant_fp8_finish_rows(float (&accumulator)[Layout::kSubTiles][64],
                                                              float* exchange, const MathRows<Layout::kSubTiles>& where,
                                                              int n_tile, int out_cols, const float* topk_weights,
@@ -750,8 +759,14 @@ __device__ __forceinline__ void swiglu_quant_fp8_finish_rows(float (&accumulator
   const int col_base = n_tile * 128 + 2 * (lane % 4);
   float* send = exchange + kKeep * kPerRound * 128;
   const float* receive = exchange + kSend * kPerRound * 128;
+  static_assert(!kBulkStore || 8 * 8 * kFp8StagingPitch <= Layout::kExchangeBytes, "8 math warps x 8 staged rows");
+  uint8_t* staging = reinterpret_cast<uint8_t*>(exchange) + ((threadIdx.x - 128) / 32) * 8 * kFp8StagingPitch;
 #pragma unroll
   for (int s = 0; s < kSubTilesM; ++s) {
+    if constexpr (kBulkStore) {  // the previous sub-tile's (or tile's) copies have read the staging rows
+      if (lane < 8) bulk_wait_all_read();
+      named_barrier_sync(1, 256);
+    }
     float amax = 0.0f;
 #pragma unroll
     for (int round = 0; round < kRounds; ++round) {
@@ -776,6 +791,31 @@ __device__ __forceinline__ void swiglu_quant_fp8_finish_rows(float (&accumulator
     }
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    if constexpr (kBulkStore) {
+      const bool valid = where.valid[s][kKeep];
+      const int row = where.rows[s][kKeep];
+      const float weight = topk_weights && valid ? load_scale<kCoherentScales>(topk_weights + row) : 1.0f;
+      const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax, fabsf(weight)), 1e-10f), 448.0f);
+      const uint32_t row_base = smem_address(staging + (lane / 4) * kFp8StagingPitch + 2 * (lane % 4));
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * kKeep], weight), scale),
+                                        __fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * kKeep + 1], weight), scale));
+        st_shared_b16(row_base + 8 * j, __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3));
+      }
+      fence_proxy_async_shared();
+      __syncwarp();
+      const int copy_row = __shfl_sync(0xffffffffu, row, 4 * (lane % 8));
+      const bool copy_valid = __shfl_sync(0xffffffffu, valid ? 1 : 0, 4 * (lane % 8)) != 0;
+      if (lane < 8) {
+        if (copy_valid)
+          bulk_copy_shared_to_global(out + static_cast<int64_t>(copy_row) * out_cols + n_tile * 128,
+                                     staging + lane * kFp8StagingPitch, 128);
+        bulk_commit_group();
+      }
+      if (valid && lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
+      continue;
+    }
     if (!where.valid[s][kKeep]) continue;
     const int row = where.rows[s][kKeep];
     // The top-k weight multiplies here, not in the exchange loop (fewer live registers there):
@@ -795,7 +835,7 @@ __device__ __forceinline__ void swiglu_quant_fp8_finish_rows(float (&accumulator
   }
 }
 
-template <class Layout, bool kCoherentScales>
+template <class Layout, bool kCoherentScales, bool kBulkStore = false>
 __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[Layout::kSubTiles][64], float* exchange,
                                                           int math_wg, const MathRows<Layout::kSubTiles>& where,
                                                           int n_tile, int out_cols, const float* topk_weights,
@@ -803,10 +843,10 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
                                                           float alpha) {
   // Register indices must be compile-time (no local-memory arrays): one instantiation per warpgroup.
   if (math_wg == 0)
-    swiglu_quant_fp8_finish_rows<Layout, kCoherentScales, 0>(accumulator, exchange, where, n_tile, out_cols,
+    swiglu_quant_fp8_finish_rows<Layout, kCoherentScales, 0, kBulkStore>(accumulator, exchange, where, n_tile, out_cols,
                                                              topk_weights, out, out_scales, activation, limit, alpha);
   else
-    swiglu_quant_fp8_finish_rows<Layout, kCoherentScales, 1>(accumulator, exchange, where, n_tile, out_cols,
+    swiglu_quant_fp8_finish_rows<Layout, kCoherentScales, 1, kBulkStore>(accumulator, exchange, where, n_tile, out_cols,
                                                              topk_weights, out, out_scales, activation, limit, alpha);
 }
 
@@ -918,13 +958,13 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
           t.m0 + wg_m * Layout::kRowsPerWarpgroup, t.m_end, static_cast<__nv_bfloat16*>(params.out), params.n,
           t.n_tile * kBlockN + wg_n * 128);
     } else {
-      swiglu_quant_fp8_epilogue<Layout, false>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
+      swiglu_quant_fp8_epilogue<Layout, false, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
                                                params.topk_weights, static_cast<uint8_t*>(params.out),
                                                params.out_scales, params.activation, params.limit, params.alpha);
     }
   }
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.finish();
-  if constexpr (kEpilogue == Epilogue::kStoreBf16) bulk_wait_all();  // store_bf16_epilogue_bulk NOTES
+  bulk_wait_all();  // both epilogues' bulk copies (store_bf16_epilogue_bulk, swiglu_quant_fp8_finish_rows NOTES)  // store_bf16_epilogue_bulk NOTES
 }
 
 }  // namespace megamoe::kernels::sm90

@@ -64,6 +64,9 @@ __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
 __device__ __forceinline__ void st_shared_b32(uint32_t smem_byte_address, uint32_t value) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(smem_byte_address), "r"(value) : "memory");
 }
+__device__ __forceinline__ void st_shared_b16(uint32_t smem_byte_address, uint16_t value) {
+  asm volatile("st.shared.b16 [%0], %1;" ::"r"(smem_byte_address), "h"(value) : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async_shared() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
 __device__ __forceinline__ void bulk_copy_shared_to_global(void* global_destination, const void* smem_source,
                                                            uint32_t bytes) {
