@@ -391,6 +391,48 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
   }
 }
 
+// One k-block of the kSerial / kOrderedIssue schedules (both scale sources): per 64-row sub-tile s,
+// 4 wgmma m64n128k32 into `partial`, wait, then accumulator[s] += partial * a_scale(row) * b_scale; the
+// stage is released on `empty` after the last sub-tile's wait (its shared memory is no longer read).
+// a_stage / b_stage: descriptor start-address words of this warpgroup's A and B slices of the stage.
+template <class Layout, MathSchedule kSchedule>
+__device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
+                                                  const Fp8GemmShared<Layout>& smem,
+                                                  const float (&scale_a)[Layout::kSubTiles][2], float scale_b,
+                                                  uint32_t a_stage, uint32_t b_stage, const IssueTurn& turn,
+                                                  PipelineCursor<Layout::kStageCount>& cursor) {
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+    if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
+    wgmma_fence();
+#pragma unroll
+    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+      wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
+                            sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+    wgmma_commit();
+    if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+    if (s == kSubTilesM - 1) {
+      if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+      cursor.advance();
+    }
+    const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
+      accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
+      accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
+      accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+    }
+  }
+}
+
 // The kSerial / kOrderedIssue K loop with the scales read from the stage's scale slot (v8,
 // Layout::kScalesInShared): the same wgmma groups and the same promotion arithmetic per element as
 // fp8_tile_mainloop (bit-identical results), without global loads on the math warps. The slot is read
@@ -427,34 +469,7 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
     const uint32_t b_stage =
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
-#pragma unroll
-    for (int s = 0; s < kSubTilesM; ++s) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
-      wgmma_fence();
-#pragma unroll
-      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
-                              sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
-      wgmma_commit();
-      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      if (s == kSubTilesM - 1) {
-        if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
-        cursor.advance();
-      }
-      const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
-        accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
-        accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
-        accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
-      }
-    }
+    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor);
   }
 }
 
@@ -513,34 +528,7 @@ __device__ __forceinline__ void fp8_tile_mainloop_global_scales(
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
     const uint32_t b_stage =
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
-#pragma unroll
-    for (int s = 0; s < kSubTilesM; ++s) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
-      wgmma_fence();
-#pragma unroll
-      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
-                              sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
-      wgmma_commit();
-      if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      if (s == kSubTilesM - 1) {
-        if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
-        cursor.advance();
-      }
-      const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
-        accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
-        accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
-        accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
-      }
-    }
+    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor);
   }
 }
 
