@@ -108,10 +108,11 @@ struct GroupedGemmLayout {
 // The standalone kernel's layout (v8): kStoreBf16 gets the BF16 staging region of
 // store_bf16_epilogue_bulk, a whole 64-row sub-tile per math warpgroup when that fits, else a 32-row
 // half (one more bulk-read wait per sub-tile; docs/grouped_gemm.md v8 has the table):
-//   64 x 256 (4 stages):  163,840 tiles + 34,816 staging -> 212,044 B at 1024 experts
-//   128 x 128 (6 stages): 196,608 tiles + 17,408 staging -> 227,436 B
-//   256 x 128 (4 stages): 196,608 tiles + 17,408 staging -> 227,404 B
-// (each total includes the 1,024 B alignment slack, the barriers and ExpertTileTable::bytes(1024) = 12,300 B).
+//   64 x 256 (4 stages):  163,840 tiles + 34,816 staging + 1,056 scale ring -> 213,100 B at 1024 experts
+//   128 x 128 (6 stages): 196,608 tiles + 17,408 staging + 3,120 scale ring -> 230,556 B
+//   256 x 128 (4 stages): 196,608 tiles + 17,408 staging + 4,128 scale ring -> 231,532 B
+// (each total includes the 1,024 B alignment slack, the barriers and ExpertTileTable::bytes(1024) = 12,300 B;
+// the 227 KiB limit is 232,448 B).
 constexpr int kSharedBytesPerCta = 227 * 1024;  // sm_90 opt-in maximum of dynamic shared memory per CTA
 // Staging rows of the standalone kernel's BF16 epilogue: 64 where the whole layout (scale ring
 // included) fits at kMaxExperts, else 32.
@@ -438,12 +439,11 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
 // fp8_tile_mainloop (bit-identical results), without global loads on the math warps. The slot is read
 // right after `full` and before this warpgroup's `empty` arrival; the values are consumed after the
 // wgmma wait (their shared-memory latency hides under the MMAs).
-// row_in_tile of MathRows' thread: where.rows[s][h] - where.rows[0][0] + (row of [0][0] in the tile).
+// No MathRows here: the scale warp already zero-filled the scales of rows past the expert's end.
 template <class Layout, MathSchedule kSchedule>
 __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumulator)[Layout::kSubTiles][64],
                                                                 float (&partial)[64], const Fp8GemmShared<Layout>& smem,
-                                                                const MathRows<Layout::kSubTiles>& where, int k_blocks,
-                                                                int wg_m, int wg_n,
+                                                                int k_blocks, int wg_m, int wg_n,
                                                                 PipelineCursor<Layout::kStageCount>& cursor) {
   static_assert(kSchedule != MathSchedule::kHalfOverlap, "shared scales: serial and ordered-issue schedules");
   constexpr int kSubTilesM = Layout::kSubTiles;
@@ -547,7 +547,7 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
     fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
                                                             k_blocks, wg_m, wg_n, cursor);
   else if constexpr (Layout::kScalesInShared)
-    fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, where, k_blocks, wg_m, wg_n, cursor);
+    fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, k_blocks, wg_m, wg_n, cursor);
   else
     fp8_tile_mainloop_global_scales<Layout, kCoherentScales, kSchedule>(accumulator, partial, smem, where,
                                                                         a_scales_base, b_scales, k_blocks, wg_m, wg_n,
@@ -952,7 +952,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     }
   }
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.finish();
-  bulk_wait_all();  // both epilogues' bulk copies (store_bf16_epilogue_bulk, swiglu_quant_fp8_finish_rows NOTES)  // store_bf16_epilogue_bulk NOTES
+  bulk_wait_all();  // both epilogues' bulk copies (store_bf16_epilogue_bulk, swiglu_quant_fp8_finish_rows NOTES)
 }
 
 }  // namespace megamoe::kernels::sm90
