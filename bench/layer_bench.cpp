@@ -152,9 +152,11 @@ PreparedBackend prepare(const std::string& name, const LayerBenchOptions& o, con
 }
 
 // Runs `iters` timed forwards (after `warmup`); returns per-iteration µs and the output of the last
-// run as bf16 bits, host side.
+// run as bf16 bits, host side. With `phases`, GPU backends run with phase timing on and each timed
+// forward's MoeBackend::last_phase_times() is appended (an empty entry when the backend has none).
 std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o, const std::vector<uint16_t>& hidden,
-                                 const Routing& routing, int tokens, std::vector<uint16_t>& out_host) {
+                                 const Routing& routing, int tokens, std::vector<uint16_t>& out_host,
+                                 std::vector<std::vector<MoeBackend::PhaseTime>>* phases = nullptr) {
   const int H = o.shape.hidden, K = o.shape.top_k;
   std::vector<int32_t> ids = routing.ids;
   if (p.expert_modulus > 0)
@@ -208,6 +210,10 @@ std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o,
   in.topk_weights = TensorView::make2d(d_weights, DType::kF32, tokens, K, Device::kCuda);
   MoeOutputs out;
   out.out = TensorView::make2d(d_out, DType::kBF16, tokens, H, Device::kCuda);
+  // Phase timing adds a few event records inside the forward (each one stream operation, no host
+  // synchronisation, ~1 µs): the total between `begin` and `end` stays the same work. The phases are
+  // read after the per-iteration synchronisation, outside the timed span.
+  p.backend->set_phase_timing(phases != nullptr);
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     MEGAMOE_CUDA_CHECK(cudaEventRecord(begin, stream));
     p.backend->forward(in, out, stream);
@@ -215,8 +221,12 @@ std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o,
     MEGAMOE_CUDA_CHECK(cudaEventSynchronize(end));
     float ms = 0;
     MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, begin, end));
-    if (i >= o.warmup) us.push_back(ms * 1000.0);
+    if (i >= o.warmup) {
+      us.push_back(ms * 1000.0);
+      if (phases) phases->push_back(p.backend->last_phase_times());
+    }
   }
+  p.backend->set_phase_timing(false);
   MEGAMOE_CUDA_CHECK(cudaMemcpy(out_host.data(), d_out, hidden_bytes, cudaMemcpyDeviceToHost));
   cudaEventDestroy(begin);
   cudaEventDestroy(end);
@@ -235,6 +245,51 @@ double median(std::vector<double> values) {
 }
 
 float bf16_value(uint16_t bits) { return formats::bf16_to_f32(bits); }
+
+// Per-phase medians over the timed forwards, in the backend's phase order; empty when any forward
+// reported no phases (timing off or a backend without separable phases).
+std::vector<MoeBackend::PhaseTime> median_phases(const std::vector<std::vector<MoeBackend::PhaseTime>>& runs) {
+  if (runs.empty() || runs.front().empty()) return {};
+  std::vector<MoeBackend::PhaseTime> medians;
+  for (size_t p = 0; p < runs.front().size(); ++p) {
+    std::vector<double> us;
+    for (const auto& run : runs) {
+      MEGAMOE_CHECK(run.size() == runs.front().size() && run[p].phase == runs.front()[p].phase,
+                    "last_phase_times(): the phases changed between forwards");
+      us.push_back(run[p].us);
+    }
+    medians.push_back({runs.front()[p].phase, median(us)});
+  }
+  return medians;
+}
+
+double phase_us(const std::vector<MoeBackend::PhaseTime>& phases, std::string_view name) {
+  for (const MoeBackend::PhaseTime& p : phases)
+    if (p.phase == name) return p.us;
+  return 0;
+}
+
+}  // namespace
+
+std::string phase_split_text(const std::vector<MoeBackend::PhaseTime>& phases) {
+  if (phases.empty()) return "-";
+  auto short_name = [](const std::string& phase) -> std::string {
+    if (phase == "dispatch") return "disp";
+    if (phase == "gemm1") return "g1";
+    if (phase == "gemm2") return "g2";
+    if (phase == "combine") return "comb";
+    return phase;
+  };
+  std::string text;
+  for (const MoeBackend::PhaseTime& p : phases) {
+    char us[32];
+    std::snprintf(us, sizeof(us), "%.0f", p.us);
+    text += (text.empty() ? "" : " / ") + short_name(p.phase) + " " + us;
+  }
+  return text;
+}
+
+namespace {
 
 // The routing's own stream (see the NOTES in layer_bench.h): token counts draw from it in order.
 Rng routing_stream(uint64_t seed) { return Rng(seed * 0xD1B54A32D192ED03ull + 0x8CB92BA72F3D8DD7ull); }
@@ -268,17 +323,28 @@ const char* LayerFloor::bound() const {
   return weights_us >= nvlink_us ? "weights" : "nvlink";
 }
 
-LayerFloor layer_floor(const LayerShape& shape, WeightFormat format, int ranks, const std::vector<int32_t>& ids) {
+namespace {
+
+// Per rank r, for `ranks` ranks that all route `ids`: slots routed to its experts, its experts that
+// were hit, tokens with >= 1 expert on it (each such token of every other rank arrives once and goes
+// back as one partial row), and the other ranks each of its own tokens must reach.
+struct RouteCounts {
+  std::vector<int64_t> slots, hit_tokens, remote_destinations;
+  std::vector<std::vector<bool>> touched;
+};
+
+RouteCounts count_routes(const LayerShape& shape, int ranks, const std::vector<int32_t>& ids) {
   MEGAMOE_CHECK(ranks >= 1 && shape.experts >= ranks && shape.experts % ranks == 0, "layer_floor: experts = ",
                 shape.experts, " must be a positive multiple of ranks = ", ranks);
   MEGAMOE_CHECK(shape.top_k >= 1, "layer_floor: top_k = ", shape.top_k, " must be >= 1");
   const int K = shape.top_k, per_rank = shape.experts / ranks;
   const int64_t tokens = static_cast<int64_t>(ids.size()) / K;
-  // Per rank r: slots routed to its experts, its experts that were hit, tokens with >= 1 expert on it
-  // (each such token of every other rank arrives once and goes back as one partial row), and the
-  // other ranks each of its own tokens must reach.
-  std::vector<int64_t> slots(ranks, 0), hit_tokens(ranks, 0), remote_destinations(ranks, 0);
-  std::vector<std::vector<bool>> touched(ranks, std::vector<bool>(per_rank, false));
+  RouteCounts c;
+  c.slots.assign(ranks, 0);
+  c.hit_tokens.assign(ranks, 0);
+  c.remote_destinations.assign(ranks, 0);
+  c.touched.assign(ranks, std::vector<bool>(per_rank, false));
+  auto& [slots, hit_tokens, remote_destinations, touched] = c;
   std::vector<bool> hits(ranks);
   for (int64_t t = 0; t < tokens; ++t) {
     std::fill(hits.begin(), hits.end(), false);
@@ -297,19 +363,39 @@ LayerFloor layer_floor(const LayerShape& shape, WeightFormat format, int ranks, 
       remote_destinations[r] += destinations - (hits[r] ? 1 : 0);
     }
   }
+  return c;
+}
+
+// The least bytes rank r sends / receives over NVLink (see the NOTES in layer_bench.h).
+LayerNvlinkBytes rank_nvlink_bytes(const LayerShape& shape, WeightFormat format, int ranks, const RouteCounts& c, int r) {
   const double H = shape.hidden;
   const double dispatch_row = format == WeightFormat::kBf16 ? 2 * H : H + 4 * (H / 128);  // activations sent
   const double combine_row = 2 * H;                                                       // BF16 partial back
+  const double other_ranks = ranks - 1;
+  return LayerNvlinkBytes{
+      .out = c.remote_destinations[r] * dispatch_row + other_ranks * c.hit_tokens[r] * combine_row,
+      .in = other_ranks * c.hit_tokens[r] * dispatch_row + c.remote_destinations[r] * combine_row};
+}
+
+}  // namespace
+
+LayerFloor layer_floor(const LayerShape& shape, WeightFormat format, int ranks, const std::vector<int32_t>& ids) {
+  const RouteCounts c = count_routes(shape, ranks, ids);
   LayerFloor floor;
   for (int r = 0; r < ranks; ++r) {
-    const double out = remote_destinations[r] * dispatch_row + static_cast<double>(ranks - 1) * hit_tokens[r] * combine_row;
-    const double in = static_cast<double>(ranks - 1) * hit_tokens[r] * dispatch_row + remote_destinations[r] * combine_row;
-    floor.compute_us = std::max(floor.compute_us, compute_floor_us(shape, format, ranks * slots[r]));
+    const LayerNvlinkBytes bytes = rank_nvlink_bytes(shape, format, ranks, c, r);
+    floor.compute_us = std::max(floor.compute_us, compute_floor_us(shape, format, ranks * c.slots[r]));
     floor.weights_us = std::max(floor.weights_us, weights_floor_us(shape, format, static_cast<int>(std::count(
-                                                                                      touched[r].begin(), touched[r].end(), true))));
-    floor.nvlink_us = std::max(floor.nvlink_us, std::max(out, in) / kNvlinkBytesPerS * 1e6);
+                                                                                      c.touched[r].begin(), c.touched[r].end(), true))));
+    floor.nvlink_us = std::max(floor.nvlink_us, std::max(bytes.out, bytes.in) / kNvlinkBytesPerS * 1e6);
   }
   return floor;
+}
+
+LayerNvlinkBytes layer_nvlink_bytes(const LayerShape& shape, WeightFormat format, int ranks,
+                                    const std::vector<int32_t>& ids, int rank) {
+  MEGAMOE_CHECK(rank >= 0 && rank < ranks, "layer_nvlink_bytes: rank = ", rank, " must be in [0, ", ranks, ")");
+  return rank_nvlink_bytes(shape, format, ranks, count_routes(shape, ranks, ids), rank);
 }
 
 void validate_layer_ranks(const LayerBenchOptions& o) {
@@ -408,6 +494,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
     const double flop = 2.0 * static_cast<double>(routing.rows) * o.shape.hidden * o.shape.intermediate * 3.0;
     const LayerFloor floor = layer_floor(o.shape, o.format, o.ranks, routing.ids);
     const double floor_us = floor.us();
+    const LayerNvlinkBytes nvlink_bytes = layer_nvlink_bytes(o.shape, o.format, o.ranks, routing.ids, /*rank=*/0);
     std::vector<uint16_t> expected;
     const int checked_tokens = std::min(tokens, o.check_tokens);
     if (o.check && checked_tokens > 0) {
@@ -425,7 +512,9 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
         std::printf("note: %s on the CPU at %d tokens: %.0f GFLOP per forward, expect minutes\n", o.backends[b].c_str(),
                     tokens, flop * 1e-9);
       std::vector<uint16_t> out;
-      const std::vector<double> us = time_forward(prepared[b], o, hidden, routing, tokens, out);
+      std::vector<std::vector<MoeBackend::PhaseTime>> phase_runs;
+      const std::vector<double> us =
+          time_forward(prepared[b], o, hidden, routing, tokens, out, prepared[b].on_gpu ? &phase_runs : nullptr);
       LayerCaseResult r;
       r.backend = std::string(prepared[b].backend->name());
       r.tokens = tokens;
@@ -438,6 +527,13 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
       r.floor_us = floor_us;
       r.floor = floor;
       r.ratio_to_floor = floor_us > 0 ? r.median_us / floor_us : 0;
+      r.phases = median_phases(phase_runs);
+      r.nvlink_bytes_out = nvlink_bytes.out;
+      r.nvlink_bytes_in = nvlink_bytes.in;
+      // NVLink GB/s (NOTES in layer_bench.h): over the dispatch + combine phases when the backend
+      // reports them, else over the whole forward.
+      const double comm_us = r.phases.empty() ? r.median_us : phase_us(r.phases, "dispatch") + phase_us(r.phases, "combine");
+      r.nvlink_gbps = comm_us > 0 ? (nvlink_bytes.out + nvlink_bytes.in) / (comm_us * 1e-6) * 1e-9 : 0;
       if (o.check && checked_tokens > 0) {
         double diff2 = 0, ref2 = 0, max_abs = 0;
         bool finite = true;
@@ -456,9 +552,10 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
         r.check_passed = finite && r.check_rel_l2 <= 1e-2;
       }
       if (speak)
-        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx  %5.2fx floor (%s)%s\n",
+        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx  %5.2fx floor (%s)  "
+                    "NVLink %.1f GB/s  split %s%s\n",
                     r.backend.c_str(), tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
-                    r.ratio_to_floor, floor.bound(),
+                    r.ratio_to_floor, floor.bound(), r.nvlink_gbps, phase_split_text(r.phases).c_str(),
                     r.checked ? (r.check_passed ? "  check ok" : "  CHECK FAILED") : "");
       std::fflush(stdout);
       results.push_back(r);
@@ -473,18 +570,22 @@ void print_layer_table(const LayerBenchOptions& o, const std::vector<LayerCaseRe
               std::string(weight_format_name(o.format)).c_str(), std::string(activation_name(o.activation.kind)).c_str(),
               o.apply_topk_in_fc1 ? " (top-k in fc1)" : "", std::string(routing_pattern_name(o.routing)).c_str(), o.ranks,
               o.iters);
-  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-8s | %-22s |\n", "backend", "tokens",
-              "rows", "median us", "min us", "TFLOP/s", "vs first", "floor us", "vs floor", "floor by", "check (rel-L2)");
-  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
+  // "split µs" pads to 41 bytes: µ takes two bytes and one column.
+  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-8s | %11s | %-41s | %-22s |\n",
+              "backend", "tokens", "rows", "median us", "min us", "TFLOP/s", "vs first", "floor us", "vs floor",
+              "floor by", "NVLink GB/s", "split µs", "check (rel-L2)");
+  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
               std::string(10, '-').c_str(), std::string(14, '-').c_str(), std::string(14, '-').c_str(),
               std::string(11, '-').c_str(), std::string(10, '-').c_str(), std::string(12, '-').c_str(),
-              std::string(10, '-').c_str(), std::string(10, '-').c_str(), std::string(24, '-').c_str());
+              std::string(10, '-').c_str(), std::string(10, '-').c_str(), std::string(13, '-').c_str(),
+              std::string(42, '-').c_str(), std::string(24, '-').c_str());
   for (const LayerCaseResult& r : results) {
     char check[64] = "-";
     if (r.checked) std::snprintf(check, sizeof(check), "%s (%.2e)", r.check_passed ? "ok" : "FAILED", r.check_rel_l2);
-    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-8s | %-22s |\n",
+    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-8s | %11.1f | %-40s | %-22s |\n",
                 r.backend.c_str(), r.tokens, static_cast<long long>(r.rows), r.median_us, r.min_us, r.tflops,
-                r.ratio_to_first, r.floor_us, r.ratio_to_floor, r.floor.bound(), check);
+                r.ratio_to_first, r.floor_us, r.ratio_to_floor, r.floor.bound(), r.nvlink_gbps,
+                phase_split_text(r.phases).c_str(), check);
   }
 }
 
@@ -522,7 +623,12 @@ nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<
                         {"ratio_to_first", r.ratio_to_first}, {"floor_us", r.floor_us},
                         {"ratio_to_floor", r.ratio_to_floor}, {"floor_compute_us", r.floor.compute_us},
                         {"floor_weights_us", r.floor.weights_us}, {"floor_nvlink_us", r.floor.nvlink_us},
-                        {"floor_bound", r.floor.bound()}};
+                        {"floor_bound", r.floor.bound()},
+                        {"nvlink_bytes_out", r.nvlink_bytes_out}, {"nvlink_bytes_in", r.nvlink_bytes_in},
+                        {"nvlink_gbps", r.nvlink_gbps}};
+    // Per-phase medians (µs) for backends that report phases (`staged`); {} otherwise.
+    c["phases_us"] = nlohmann::json::object();
+    for (const MoeBackend::PhaseTime& p : r.phases) c["phases_us"][p.phase] = p.us;
     if (r.checked)
       c["check"] = {{"passed", r.check_passed}, {"rel_l2", r.check_rel_l2}, {"max_abs", r.check_max_abs}};
     j["cases"].push_back(c);

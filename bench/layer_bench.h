@@ -24,6 +24,14 @@
 //     bf16 weights) and one BF16 partial row back per (token, such rank). ratio_to_floor = median /
 //     floor; the JSON also has each term (floor_compute_us, floor_weights_us, floor_nvlink_us) and
 //     which one bounds (floor_bound).
+//   * NVLink GB/s = (nvlink_bytes_out + nvlink_bytes_in) / t, bytes of rank 0 from the NVLink floor's
+//     model above (layer_nvlink_bytes: the least any EP scheme moves, not what a backend's padding or
+//     protocol adds), both directions summed (so the H200 ceiling is 2 x 370 GB/s). t = the median
+//     "dispatch" + "combine" phase times for a backend that reports phases (`staged`), else the
+//     median forward. 0 on one rank (nothing crosses NVLink).
+//   * Split: GPU backends run with MoeBackend::set_phase_timing(true); "split µs" gives the median of
+//     each phase of last_phase_times() over the timed forwards (dispatch / gemm1 / gemm2 / combine for
+//     `staged`), "-" for backends without separable phases (`mega`, `reference`). JSON: phases_us.
 //   * --check runs `reference` on the first `check_tokens` tokens and compares each backend's rows.
 #pragma once
 
@@ -34,6 +42,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "megamoe/moe.h"
 #include "megamoe/types.h"
 
 namespace megamoe::bench {
@@ -82,6 +91,8 @@ struct LayerCaseResult {
   double ratio_to_first = 0;  // this backend's time / the first backend's time, same tokens
   double floor_us = 0, ratio_to_floor = 0;  // see the NOTES above
   LayerFloor floor;
+  double nvlink_bytes_out = 0, nvlink_bytes_in = 0, nvlink_gbps = 0;  // rank 0; see the NOTES above
+  std::vector<MoeBackend::PhaseTime> phases;  // per-phase median µs; empty without phase timing
   bool checked = false, check_passed = false;
   double check_rel_l2 = 0, check_max_abs = 0;
 };
@@ -99,6 +110,15 @@ void validate_layer_ranks(const LayerBenchOptions& options);
 double layer_floor_us(const LayerShape& shape, WeightFormat format, int64_t rows, int touched_experts);
 // The floor of one forward on `ranks` ranks that all route `ids` ([tokens, top_k], -1 = padding).
 LayerFloor layer_floor(const LayerShape& shape, WeightFormat format, int ranks, const std::vector<int32_t>& ids);
+// Bytes rank `rank` sends (out) and receives (in) over NVLink in one forward on `ranks` ranks that
+// all route `ids`, as the NVLink floor counts them (see the NOTES above).
+struct LayerNvlinkBytes {
+  double out = 0, in = 0;
+};
+LayerNvlinkBytes layer_nvlink_bytes(const LayerShape& shape, WeightFormat format, int ranks,
+                                    const std::vector<int32_t>& ids, int rank = 0);
+// "disp 410 / g1 4050 / g2 2030 / comb 900" (µs, rounded), "-" when `phases` is empty.
+std::string phase_split_text(const std::vector<MoeBackend::PhaseTime>& phases);
 // `--floor-only`: the routing of every token count of `options` and its floor, without weights,
 // backends or GPUs (rows = routed pairs of one rank's tokens).
 struct LayerFloorRow {

@@ -91,6 +91,20 @@ class MoeBackend {
   virtual void forward(const MoeInputs& inputs, MoeOutputs& outputs, StreamHandle stream) = 0;
   // Idempotent; later calls of anything else throw.
   virtual void destroy() = 0;
+
+  // Optional per-phase timing of forward() on this rank, for benchmarks (`megamoe bench layer`).
+  // Backends with separable phases record CUDA events on the forward's stream at the phase
+  // boundaries; a single-kernel backend (`mega`) or a CPU one (`reference`) keeps these defaults.
+  struct PhaseTime {
+    std::string phase;  // e.g. "dispatch", "gemm1", "gemm2", "combine" for `staged`
+    double us = 0;
+  };
+  // Creates (true) or destroys (false) the backend's timing events, so call it outside CUDA-graph
+  // capture; a forward made while timing is on records events and must not be captured either.
+  virtual void set_phase_timing(bool /*enabled*/) {}
+  // The previous forward's phases on this rank, in order (waits for its last event); empty when
+  // timing is off, no forward ran since it was enabled, or the backend has no separable phases.
+  virtual std::vector<PhaseTime> last_phase_times() const { return {}; }
 };
 
 // Device scratch and symmetric EP windows shared by MoE layers that run one after another on one

@@ -189,7 +189,9 @@ class StagedBackend final : public MoeBackend {
                     ") was never loaded with load_expert()");
     const auto s = static_cast<cudaStream_t>(stream);
     check_tensor("outputs.out", out.out, DType::kBF16, {in.hidden.shape[0], config_.hidden}, Device::kCuda);
+    mark_phase(0, s);  // before dispatch
     io_->dispatch(in.hidden, in.topk_ids, in.topk_weights, stream);
+    mark_phase(1, s);  // after dispatch
     const ReceivedTokens& rx = io_->received();
     const int H = config_.hidden, I = config_.intermediate;
 
@@ -210,6 +212,7 @@ class StagedBackend final : public MoeBackend {
       g1.intermediate = I;
       g1.activation = config_.activation;
       kernels::grouped_gemm1_w4a8(g1, s);
+      mark_phase(2, s);  // after GEMM 1
       kernels::GroupedGemm2W4a8Args g2;
       g2.a = static_cast<const uint8_t*>(act_);
       g2.a_scales = act_scales_;
@@ -221,6 +224,7 @@ class StagedBackend final : public MoeBackend {
       g2.hidden = H;
       g2.intermediate = I;
       kernels::grouped_gemm2_w4a8(g2, s);
+      mark_phase(3, s);  // after GEMM 2
     } else if (fp8_) {
       kernels::GroupedGemm1Fp8Args g1;
       g1.a = static_cast<const uint8_t*>(rx.x);
@@ -237,6 +241,7 @@ class StagedBackend final : public MoeBackend {
       g1.intermediate = I;
       g1.activation = config_.activation;
       kernels::grouped_gemm1_fp8(g1, s);
+      mark_phase(2, s);  // after GEMM 1
       kernels::GroupedGemm2Fp8Args g2;
       g2.a = static_cast<const uint8_t*>(act_);
       g2.a_scales = act_scales_;
@@ -249,6 +254,7 @@ class StagedBackend final : public MoeBackend {
       g2.hidden = H;
       g2.intermediate = I;
       kernels::grouped_gemm2_fp8(g2, s);
+      mark_phase(3, s);  // after GEMM 2
     } else {
       kernels::GroupedGemm1Bf16Args g1;
       g1.a = static_cast<const uint16_t*>(rx.x);
@@ -262,6 +268,7 @@ class StagedBackend final : public MoeBackend {
       g1.intermediate = I;
       g1.activation = config_.activation;
       kernels::grouped_gemm1_bf16(g1, s);
+      mark_phase(2, s);  // after GEMM 1
       kernels::GroupedGemm2Bf16Args g2;
       g2.a = static_cast<const uint16_t*>(act_);
       g2.weights = static_cast<const uint16_t*>(w2_);
@@ -272,8 +279,38 @@ class StagedBackend final : public MoeBackend {
       g2.hidden = H;
       g2.intermediate = I;
       kernels::grouped_gemm2_bf16(g2, s);
+      mark_phase(3, s);  // after GEMM 2
     }
     io_->combine(y_, out.out, stream, /*apply_weights=*/!config_.apply_topk_in_fc1);
+    mark_phase(4, s);  // after combine
+    phases_recorded_ = phase_events_[0] != nullptr;
+  }
+
+  // NOTES: five events bound the four phases; staged has no shared expert (supports_shared_expert is
+  // false), so nothing else is folded into a phase. Should one be added beside GEMM 1 / GEMM 2, it
+  // counts into the GEMM phase whose events enclose its launch. Recording an event is one stream
+  // operation (~1-2 us, no host synchronisation), so the timed forward stays what it was.
+  void set_phase_timing(bool enabled) override {
+    require_alive("set_phase_timing");
+    if (enabled == (phase_events_[0] != nullptr)) return;
+    if (enabled) {
+      for (cudaEvent_t& e : phase_events_) MEGAMOE_CUDA_CHECK(cudaEventCreate(&e));
+    } else {
+      destroy_phase_events();
+    }
+    phases_recorded_ = false;
+  }
+  std::vector<PhaseTime> last_phase_times() const override {
+    if (phase_events_[0] == nullptr || !phases_recorded_) return {};
+    MEGAMOE_CUDA_CHECK(cudaEventSynchronize(phase_events_[kPhaseCount]));
+    static constexpr const char* kNames[kPhaseCount] = {"dispatch", "gemm1", "gemm2", "combine"};
+    std::vector<PhaseTime> times;
+    for (int p = 0; p < kPhaseCount; ++p) {
+      float ms = 0;
+      MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, phase_events_[p], phase_events_[p + 1]));
+      times.push_back(PhaseTime{kNames[p], 1e3 * ms});
+    }
+    return times;
   }
 
   void destroy() override {
@@ -286,6 +323,7 @@ class StagedBackend final : public MoeBackend {
     for (void* p : allocations_) cudaFree(p);
     allocations_.clear();
     if (own_group_) own_group_->destroy();
+    destroy_phase_events();
   }
 
   EpGroup& group() { return *ep_; }
@@ -299,6 +337,17 @@ class StagedBackend final : public MoeBackend {
     MEGAMOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
     allocations_.push_back(p);
     return p;
+  }
+  // Phase timing (set_phase_timing): boundary `index` of kPhaseCount + 1, a no-op when timing is off.
+  void mark_phase(int index, cudaStream_t stream) {
+    if (phase_events_[index] != nullptr) MEGAMOE_CUDA_CHECK(cudaEventRecord(phase_events_[index], stream));
+  }
+  void destroy_phase_events() {
+    for (cudaEvent_t& e : phase_events_) {
+      if (e != nullptr) MEGAMOE_CUDA_CHECK(cudaEventDestroy(e));
+      e = nullptr;
+    }
+    phases_recorded_ = false;
   }
   void copy_matrix(const char* field, const formats::QuantizedMatrix& m, int64_t rows, int64_t cols, int expert,
                    void* data, float* scales, kernels::GemmRole role) {
@@ -339,6 +388,9 @@ class StagedBackend final : public MoeBackend {
   uint8_t *w13_group_scales_ = nullptr, *w2_group_scales_ = nullptr;                 // W4A8
   kernels::W4a8BlockScale *w13_blocks_ = nullptr, *w2_blocks_ = nullptr;             // W4A8
   __nv_bfloat16* y_ = nullptr;
+  static constexpr int kPhaseCount = 4;  // dispatch, gemm1, gemm2, combine
+  cudaEvent_t phase_events_[kPhaseCount + 1] = {};
+  bool phases_recorded_ = false;  // a forward ran with the current events
 };
 
 }  // namespace

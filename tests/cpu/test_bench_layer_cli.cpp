@@ -52,6 +52,19 @@ TEST(BenchLayerCli, TinyReferenceRunsChecksAndWritesJson) {
   EXPECT_EQ(c["floor_nvlink_us"].get<double>(), 0.0) << "one rank moves nothing over NVLink";
   EXPECT_EQ(floor_us, std::max(c["floor_compute_us"].get<double>(), c["floor_weights_us"].get<double>()));
   EXPECT_EQ(c["floor_bound"], "weights");
+  // NVLink GB/s and the phase split: one rank moves nothing over NVLink, and `reference` (CPU) has no
+  // phases, so the table says "-" in the split column.
+  EXPECT_EQ(c["nvlink_bytes_out"].get<double>(), 0.0);
+  EXPECT_EQ(c["nvlink_bytes_in"].get<double>(), 0.0);
+  EXPECT_EQ(c["nvlink_gbps"].get<double>(), 0.0);
+  ASSERT_TRUE(c["phases_us"].is_object()) << c.dump();
+  EXPECT_TRUE(c["phases_us"].empty()) << c.dump();
+  EXPECT_NE(run.output.find("NVLink GB/s"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("split µs"), std::string::npos) << run.output;
+  const size_t row = run.output.find("| reference      |      64 |");
+  ASSERT_NE(row, std::string::npos) << run.output;
+  const std::string line = run.output.substr(row, run.output.find('\n', row) - row);
+  EXPECT_NE(line.find("|         0.0 | -  "), std::string::npos) << line;
   EXPECT_EQ(j["cases"][3]["backend"], "reference_fp32");
   EXPECT_TRUE(j["cases"][3]["check"]["passed"].get<bool>());
 }
