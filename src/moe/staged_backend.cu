@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -194,6 +195,18 @@ class StagedBackend final : public MoeBackend {
     mark_phase(1, s);  // after dispatch
     const ReceivedTokens& rx = io_->received();
     const int H = config_.hidden, I = config_.intermediate;
+    // Tile choice of the grouped GEMMs (sm90_gemm_heuristics.h): rows per local expert as uniform
+    // routing with every rank holding this rank's token count would give, the same estimate mega uses.
+    // NOTES: without it (0 = unknown) every GEMM ran the largest tiles: at 8 rows per expert GEMM 2 in
+    // 256 x 128 tiles streamed its weights at 2.1 TB/s (dsv3, 128 tokens/rank, 2 ranks, session 7).
+    // MEGAMOE_STAGED_ROWS_HINT (diagnostic, read once) overrides it to compare tile choices in one run.
+    static const int forced_hint = [] {
+      const char* v = std::getenv("MEGAMOE_STAGED_ROWS_HINT");
+      return v ? std::atoi(v) : -1;
+    }();
+    const int rows_hint = forced_hint >= 0 ? forced_hint
+                                           : static_cast<int>(std::max<int64_t>(
+                                                 1, in.hidden.shape[0] * config_.top_k / std::max(1, local_experts_)));
 
     if (w4a8_) {
       kernels::W4a8Weights w13{config_.weight_format, static_cast<const uint8_t*>(w13_), w13_group_scales_, w13_blocks_};
@@ -210,6 +223,7 @@ class StagedBackend final : public MoeBackend {
       g1.num_experts = local_experts_;
       g1.hidden = H;
       g1.intermediate = I;
+      g1.rows_per_expert_hint = rows_hint;
       g1.activation = config_.activation;
       kernels::grouped_gemm1_w4a8(g1, s);
       mark_phase(2, s);  // after GEMM 1
@@ -223,6 +237,7 @@ class StagedBackend final : public MoeBackend {
       g2.num_experts = local_experts_;
       g2.hidden = H;
       g2.intermediate = I;
+      g2.rows_per_expert_hint = rows_hint;
       kernels::grouped_gemm2_w4a8(g2, s);
       mark_phase(3, s);  // after GEMM 2
     } else if (fp8_) {
@@ -239,6 +254,7 @@ class StagedBackend final : public MoeBackend {
       g1.num_experts = local_experts_;
       g1.hidden = H;
       g1.intermediate = I;
+      g1.rows_per_expert_hint = rows_hint;
       g1.activation = config_.activation;
       kernels::grouped_gemm1_fp8(g1, s);
       mark_phase(2, s);  // after GEMM 1
@@ -253,6 +269,7 @@ class StagedBackend final : public MoeBackend {
       g2.num_experts = local_experts_;
       g2.hidden = H;
       g2.intermediate = I;
+      g2.rows_per_expert_hint = rows_hint;
       kernels::grouped_gemm2_fp8(g2, s);
       mark_phase(3, s);  // after GEMM 2
     } else {
@@ -266,6 +283,7 @@ class StagedBackend final : public MoeBackend {
       g1.num_experts = local_experts_;
       g1.hidden = H;
       g1.intermediate = I;
+      g1.rows_per_expert_hint = rows_hint;
       g1.activation = config_.activation;
       kernels::grouped_gemm1_bf16(g1, s);
       mark_phase(2, s);  // after GEMM 1
@@ -278,6 +296,7 @@ class StagedBackend final : public MoeBackend {
       g2.num_experts = local_experts_;
       g2.hidden = H;
       g2.intermediate = I;
+      g2.rows_per_expert_hint = rows_hint;
       kernels::grouped_gemm2_bf16(g2, s);
       mark_phase(3, s);  // after GEMM 2
     }
