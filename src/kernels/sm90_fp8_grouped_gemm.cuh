@@ -241,6 +241,16 @@ struct MathRows {
   }
 };
 
+// 64-row sub-tiles of a math warpgroup that hold at least one row of the tile's expert (the rest are
+// padding: rows of the next expert or past the end). tile_rows = m_end - m0; first_row = the
+// warpgroup's first row inside the tile (wg_m * kRowsPerWarpgroup). Warpgroup-uniform.
+// NOTES: experts rarely fill their last m-tile (uniform routing at ~128 rows per expert puts half of
+// them 1-40 rows into a second 128-row tile), so skipping empty sub-tiles saves up to half (128-row
+// tiles) or three quarters (256-row tiles) of that tile's MMAs; its TMA traffic stays.
+__device__ __forceinline__ int active_sub_tiles(int tile_rows, int first_row, int sub_tiles) {
+  return min(max((tile_rows - first_row + 63) / 64, 0), sub_tiles);
+}
+
 // Issue token of MathSchedule::kOrderedIssue: the two math warpgroups issue their wgmma groups
 // strictly alternately (warpgroup 0 first), so each group reaches the tensor cores whole and behind
 // the other warpgroup's previous one instead of interleaved with it.
@@ -396,16 +406,25 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
 // 4 wgmma m64n128k32 into `partial`, wait, then accumulator[s] += partial * a_scale(row) * b_scale; the
 // stage is released on `empty` after the last sub-tile's wait (its shared memory is no longer read).
 // a_stage / b_stage: descriptor start-address words of this warpgroup's A and B slices of the stage.
+// active_sub_tiles (warpgroup-uniform, 0..kSubTiles; see active_sub_tiles()): sub-tiles s >= it hold no
+// row of the expert, so their wgmma groups and promotions are skipped (their accumulators stay 0; the
+// epilogues never store rows past the expert's end). The stage is still released exactly once.
 template <class Layout, MathSchedule kSchedule>
 __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
                                                   const float (&scale_a)[Layout::kSubTiles][2], float scale_b,
                                                   uint32_t a_stage, uint32_t b_stage, const IssueTurn& turn,
-                                                  PipelineCursor<Layout::kStageCount>& cursor) {
+                                                  PipelineCursor<Layout::kStageCount>& cursor, int active_sub_tiles) {
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
+  if (active_sub_tiles == 0) {  // nothing of this warpgroup's rows in the tile: release the stage unread
+    if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+    cursor.advance();
+    return;
+  }
 #pragma unroll
   for (int s = 0; s < kSubTilesM; ++s) {
+    if (s > 0 && s >= active_sub_tiles) break;
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
     if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
@@ -419,7 +438,7 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-    if (s == kSubTilesM - 1) {
+    if (s == kSubTilesM - 1 || s + 1 >= active_sub_tiles) {
       if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
       cursor.advance();
     }
@@ -444,7 +463,8 @@ template <class Layout, MathSchedule kSchedule>
 __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumulator)[Layout::kSubTiles][64],
                                                                 float (&partial)[64], const Fp8GemmShared<Layout>& smem,
                                                                 int k_blocks, int wg_m, int wg_n,
-                                                                PipelineCursor<Layout::kStageCount>& cursor) {
+                                                                PipelineCursor<Layout::kStageCount>& cursor,
+                                                                int active_sub_tiles) {
   static_assert(kSchedule != MathSchedule::kHalfOverlap, "shared scales: serial and ordered-issue schedules");
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
@@ -469,7 +489,8 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
     const uint32_t b_stage =
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
-    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor);
+    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor,
+                                          active_sub_tiles);
   }
 }
 
@@ -479,7 +500,7 @@ template <class Layout, bool kCoherentScales, MathSchedule kSchedule>
 __device__ __forceinline__ void fp8_tile_mainloop_global_scales(
     float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64], const Fp8GemmShared<Layout>& smem,
     const MathRows<Layout::kSubTiles>& where, const float* a_scales_base, const float* b_scales, int k_blocks, int wg_m,
-    int wg_n, PipelineCursor<Layout::kStageCount>& cursor) {
+    int wg_n, PipelineCursor<Layout::kStageCount>& cursor, int active_sub_tiles) {
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
   const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
@@ -528,7 +549,8 @@ __device__ __forceinline__ void fp8_tile_mainloop_global_scales(
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
     const uint32_t b_stage =
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
-    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor);
+    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor,
+                                          active_sub_tiles);
   }
 }
 
@@ -542,16 +564,20 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                                   const Fp8GemmShared<Layout>& smem,
                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
                                                   const float* b_scales, int k_blocks, int wg_m, int wg_n,
-                                                  PipelineCursor<Layout::kStageCount>& cursor) {
+                                                  PipelineCursor<Layout::kStageCount>& cursor,
+                                                  int active_sub_tiles = Layout::kSubTiles) {
+  // kOrderedIssue passes the issue token once per group: both warpgroups must issue every group.
+  if constexpr (kSchedule == MathSchedule::kOrderedIssue) active_sub_tiles = Layout::kSubTiles;
   if constexpr (kSchedule == MathSchedule::kHalfOverlap)
     fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
                                                             k_blocks, wg_m, wg_n, cursor);
   else if constexpr (Layout::kScalesInShared)
-    fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, k_blocks, wg_m, wg_n, cursor);
+    fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, k_blocks, wg_m, wg_n, cursor,
+                                                       active_sub_tiles);
   else
     fp8_tile_mainloop_global_scales<Layout, kCoherentScales, kSchedule>(accumulator, partial, smem, where,
                                                                         a_scales_base, b_scales, k_blocks, wg_m, wg_n,
-                                                                        cursor);
+                                                                        cursor, active_sub_tiles);
 }
 
 // BF16 epilogue: row pointer of every valid accumulator row from `row_out(row)` (a bf16* to the
@@ -938,8 +964,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
     const int n_block = (t.n_tile * kBlockN) / 128 + wg_n;
     const float* b_scales = params.b_scales + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
-    fp8_tile_mainloop<Layout, false, kSchedule>(accumulator, partial, smem, where, params.a_scales, b_scales,
-                                                k_blocks, wg_m, wg_n, cursor);
+    fp8_tile_mainloop<Layout, false, kSchedule>(
+        accumulator, partial, smem, where, params.a_scales, b_scales, k_blocks, wg_m, wg_n, cursor,
+        active_sub_tiles(t.m_end - t.m0, wg_m * Layout::kRowsPerWarpgroup, kSubTilesM));
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
       store_bf16_epilogue_bulk<kSubTilesM, Layout::kStagingRowsValue>(
           accumulator, smem.bf16_staging + math_wg * Layout::kStagingRowsValue * kBf16StagingPitch,
