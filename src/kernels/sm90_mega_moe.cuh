@@ -61,6 +61,7 @@
 #include "kernels/sm90_ep_common.cuh"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
+#include "moe/mega_phase_times.h"
 
 namespace megamoe::kernels {
 
@@ -142,6 +143,9 @@ struct MegaMoeParams {
   uint8_t* act;                // [max_rows, I] * P bytes: e4m3 | bf16
   float* act_scales;           // [max_rows, I/128] (FP8 only)
   int64_t max_rows;
+  // Phase timing (MegaBackend::set_phase_timing): null when off (the kernel then reads no timer and
+  // writes nothing extra); else [gridDim.x, kMegaPhaseStamps] globaltimer stamps, see mega_phase_times.h.
+  uint64_t* phase_stamps;
 
   template <typename T>
   __device__ __forceinline__ T* region(int rank, size_t offset) const {
@@ -150,6 +154,13 @@ struct MegaMoeParams {
 };
 
 namespace mega_detail {
+
+// Phase timing: CTA `blockIdx.x` writes boundary `index` (MegaPhaseStamp) when timing is on. One
+// thread per boundary and CTA; which thread is noted where it is called.
+__device__ __forceinline__ void stamp_phase(const MegaMoeParams& p, int index) {
+  if (p.phase_stamps != nullptr)
+    p.phase_stamps[static_cast<size_t>(blockIdx.x) * kMegaPhaseStamps + index] = ep_device::globaltimer_ns();
+}
 
 // Tile sequence of step 4: all GEMM-1 tiles (m-tile major, n-tile fastest), then all GEMM-2 tiles.
 // NOTES:
@@ -345,6 +356,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   const int me = p.ctx.rank, R = p.ctx.ranks;
   const uint64_t target = *p.epoch + 1;  // this forward's epoch value
   if (threadIdx.x == 0) {
+    stamp_phase(p, kMegaStampStart);
     cta_flag = ep_device::group_failed(p.ctx) ? 0 : 1;
     smem.init_barriers();
     prefetch_tensor_map(&x_map);
@@ -366,8 +378,11 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   if (threadIdx.x < R && expected_counts[threadIdx.x]) atomicAdd(p.expected_from + threadIdx.x, expected_counts[threadIdx.x]);
   if (blockIdx.x == 0 && threadIdx.x == 0) *p.region<int32_t>(me, p.layout.src_count) = p.num_tokens;
   __syncthreads();
-  if (threadIdx.x == 0 && last_cta_arrives(p.ctas_quantized))
-    for (int r = 0; r < R; ++r) ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.ready) + me, target);
+  if (threadIdx.x == 0) {
+    if (last_cta_arrives(p.ctas_quantized))
+      for (int r = 0; r < R; ++r) ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.ready) + me, target);
+    stamp_phase(p, kMegaStampStaged);
+  }
 
   // ---- 2: every rank's tokens are ready: expert offsets and the tile table --------------------------
   if (threadIdx.x == 0) {
@@ -401,13 +416,17 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
     if (lane == 0) offsets[E] = carry;
   }
   __syncthreads();
+  if (threadIdx.x == 0) stamp_phase(p, kMegaStampOffsets);
   if (threadIdx.x / 32 == 1) build_expert_tile_table<kBlockM>(table, offsets, E, static_cast<int>(p.max_rows));
 
   // ---- 3: pull the tokens of my experts from every rank ---------------------------------------------
   pull_tokens<kFormat>(p, offsets, tokens_of);
   __syncthreads();  // also publishes the tile table
-  if (threadIdx.x == 0 && last_cta_arrives(p.ctas_gathered))
-    for (int s = 0; s < R; ++s) ep_device::store_release_sys(p.region<uint64_t>(s, p.layout.pulled) + me, target);
+  if (threadIdx.x == 0) {
+    if (last_cta_arrives(p.ctas_gathered))
+      for (int s = 0; s < R; ++s) ep_device::store_release_sys(p.region<uint64_t>(s, p.layout.pulled) + me, target);
+    stamp_phase(p, kMegaStampPulled);
+  }
 
   // ---- 4: GEMM 1 then GEMM 2 tiles -------------------------------------------------------------------
   const int H = p.hidden, I = p.intermediate, k = p.top_k;
@@ -480,12 +499,18 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 256);
-          if (math_thread == 0) ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+          if (math_thread == 0) {
+            ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+            stamp_phase(p, kMegaStampGemm1);  // overwritten by each later GEMM-1 tile of this CTA
+          }
         } else if (math_wg == 1) {  // the up warpgroup stored the tile
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 128);
-          if (thread_in_wg == 0) ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+          if (thread_in_wg == 0) {
+            ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+            stamp_phase(p, kMegaStampGemm1);  // overwritten by each later GEMM-1 tile of this CTA
+          }
         }
       } else {
         const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
@@ -520,6 +545,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
 
   // ---- 5: every peer wrote its rows of my tokens: reduce --------------------------------------------
   if (math_thread == 0) {
+    stamp_phase(p, kMegaStampGemm2);  // after this CTA's tile loop (its last GEMM-2 tile)
     int ok = 1;
     const uint64_t* pieces = p.region<uint64_t>(me, p.layout.combine_pieces);
     for (int r = 0; r < R && ok; ++r) {
@@ -527,6 +553,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
       if (!ep_device::bounded_wait_geq(p.ctx, pieces + r, want, EpPhase::kCombine, r)) ok = 0;
     }
     cta_flag = ok;
+    stamp_phase(p, kMegaStampCombineWait);
   }
   named_barrier_sync(4, 256);
   if (cta_flag) {
@@ -551,6 +578,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
       for (int s = 0; s < R; ++s)
         if (!ep_device::bounded_wait_geq(p.ctx, pulled + s, target, EpPhase::kDispatch, s)) cta_flag = 0;
     }
+    stamp_phase(p, kMegaStampReduced);
   }
   named_barrier_sync(4, 256);
   if (!cta_flag) return;

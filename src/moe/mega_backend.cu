@@ -15,6 +15,7 @@
 #include "megamoe/ep.h"
 #include "megamoe/error_cuda.h"
 #include "moe/mega_backend.h"
+#include "moe/mega_phase_times.h"
 #include "moe/packed_weights.h"
 
 namespace megamoe {
@@ -233,6 +234,7 @@ class MegaBackend final : public MoeBackend {
     p.topk_ids = static_cast<const int32_t*>(in.topk_ids.data);
     p.topk_weights = static_cast<const float*>(in.topk_weights.data);
     p.out = static_cast<__nv_bfloat16*>(out.out.data);
+    p.phase_stamps = phase_timing_ ? phase_stamps_ : nullptr;
     // Tile height from this rank's expected rows per local expert (uniform routing, every rank like
     // this one); the choice is local: ranks may differ.
     const int64_t rows_hint = T * config_.top_k / std::max(1, local_experts_);
@@ -248,6 +250,30 @@ class MegaBackend final : public MoeBackend {
       if (small) launch_mega_moe<SmallTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
       else launch_mega_moe<LargeTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
     }
+    if (phase_timing_) {
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(phase_done_, s));
+      phases_recorded_ = true;
+    }
+  }
+
+  // NOTES: the stamp buffer ([ctas, kMegaPhaseStamps] u64) and the event are made on the first
+  // set_phase_timing(true) and kept until destroy(), so switching timing on and off allocates once;
+  // call it outside CUDA-graph capture. With timing off the kernel gets a null buffer and stamps nothing.
+  void set_phase_timing(bool enabled) override {
+    require_alive("set_phase_timing");
+    if (enabled && phase_stamps_ == nullptr) {
+      phase_stamps_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * kMegaPhaseStamps * ctas_));
+      MEGAMOE_CUDA_CHECK(cudaEventCreateWithFlags(&phase_done_, cudaEventDisableTiming));
+    }
+    phase_timing_ = enabled;
+    phases_recorded_ = false;
+  }
+  std::vector<PhaseTime> last_phase_times() const override {
+    if (!phase_timing_ || !phases_recorded_) return {};
+    MEGAMOE_CUDA_CHECK(cudaEventSynchronize(phase_done_));
+    std::vector<uint64_t> stamps(static_cast<size_t>(kMegaPhaseStamps) * ctas_);
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(stamps.data(), phase_stamps_, stamps.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    return mega_phase_times(stamps.data(), ctas_);
   }
 
   void destroy() override {
@@ -255,6 +281,10 @@ class MegaBackend final : public MoeBackend {
     destroyed_ = true;
     for (void* ptr : allocations_) cudaFree(ptr);
     allocations_.clear();
+    if (phase_done_ != nullptr) cudaEventDestroy(phase_done_);
+    phase_done_ = nullptr;
+    phase_stamps_ = nullptr;
+    phase_timing_ = phases_recorded_ = false;
     // The shared region stays with the workspace (other layers may use it); a private one goes now.
     // Its symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
     scratch_.reset();
@@ -293,6 +323,10 @@ class MegaBackend final : public MoeBackend {
   std::vector<void*> allocations_;
   void *w13_ = nullptr, *w2_ = nullptr;
   float *w13_scales_ = nullptr, *w2_scales_ = nullptr;
+  // phase timing (set_phase_timing)
+  uint64_t* phase_stamps_ = nullptr;  // in allocations_
+  cudaEvent_t phase_done_ = nullptr;  // recorded after a timed forward's launch
+  bool phase_timing_ = false, phases_recorded_ = false;
 };
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The `mega` backend (one fused kernel per forward) on ONE GPU (a single-rank group), FP8-block and BF16
 // weights: vs the host reference, vs `staged` bit for bit, graph replay, determinism, both tile heights,
 // changing token counts, bad input.
+#include <cstdio>
+#include <string>
+
 #include "common/gpu_stream.h"
 #include "common/ep_harness.h"
 #include "moe/mega_backend.h"
@@ -111,6 +114,89 @@ TEST_P(MegaSingle, CapacityOverflowThrowsBeforeLaunchAndBadIdIsReported) {
     EXPECT_NE(std::string(e.what()).find("17"), std::string::npos) << e.what();
   }
   backend->destroy();
+}
+
+// Phase timing (set_phase_timing / last_phase_times; src/moe/mega_phase_times.h): seven phases that
+// add up to about the forward, each >= 0 (the boundaries only move forward), and the same output bits
+// with timing on as off.
+TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
+  constexpr uint64_t kSeed = 29;
+  SCOPED_TRACE(::testing::Message() << "seed " << kSeed);
+  auto group = single_rank_group();
+  const MoeConfig c{1024, 512, 16, 4, GetParam(), Activation{}, false, 0, 512};
+  const auto experts = make_experts(c, kSeed);
+  auto backend = make_backend("mega", c, group.get());
+  for (int e = 0; e < backend->num_local_experts(); ++e) backend->load_expert(e, experts[e].weights);
+  backend->warmup(stream_);
+  EXPECT_TRUE(backend->last_phase_times().empty()) << "timing is off by default";
+
+  const RankInputs in = make_rank_inputs(kSeed, 0, 512, c.hidden, c.num_experts, c.top_k, 1, Routing::kUniform);
+  DeviceInputs dev(in, c.hidden, c.top_k);
+  const size_t out_bytes = static_cast<size_t>(in.tokens) * c.hidden * 2;
+  MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+  MoeOutputs outputs{dev.out_view()};
+  poison_device_buffer(dev.out, out_bytes, 0xFF, stream_);
+  backend->forward(inputs, outputs, stream_);
+  group->synchronize(stream_);
+  const std::vector<uint16_t> untimed = dev.download_out();
+  std::vector<double> tolerance;
+  const Comparison cmp = compare_outputs(untimed, reference_layer(c, experts, in, &tolerance), c.hidden, tolerance);
+  EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format));
+  EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
+
+  backend->set_phase_timing(true);
+  EXPECT_TRUE(backend->last_phase_times().empty()) << "no forward has run with timing on yet";
+  cudaEvent_t begin = nullptr, end = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&begin));
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&end));
+  const char* names[] = {"stage", "offsets", "pull", "gemm1", "gemm2", "combine_wait", "reduce"};
+  for (int iter = 0; iter < 3; ++iter) {
+    SCOPED_TRACE(::testing::Message() << "timed forward " << iter);
+    poison_device_buffer(dev.out, out_bytes, 0xFF, stream_);
+    MEGAMOE_CUDA_CHECK(cudaEventRecord(begin, stream_));
+    backend->forward(inputs, outputs, stream_);
+    MEGAMOE_CUDA_CHECK(cudaEventRecord(end, stream_));
+    const std::vector<MoeBackend::PhaseTime> phases = backend->last_phase_times();
+    MEGAMOE_CUDA_CHECK(cudaEventSynchronize(end));
+    float total_ms = 0;
+    MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&total_ms, begin, end));
+    const double total_us = 1e3 * total_ms;
+    ASSERT_EQ(phases.size(), 7u);
+    double sum_us = 0;
+    std::string line;
+    for (size_t p = 0; p < phases.size(); ++p) {
+      EXPECT_EQ(phases[p].phase, names[p]);
+      EXPECT_GE(phases[p].us, 0.0) << phases[p].phase;
+      EXPECT_GE(phases[p].cta_mean_us, 0.0) << phases[p].phase;
+      EXPECT_LE(phases[p].cta_mean_us, total_us) << phases[p].phase;
+      sum_us += phases[p].us;
+      line += " " + phases[p].phase + " " + std::to_string(phases[p].us) + " (mean " +
+              std::to_string(phases[p].cta_mean_us) + ")";
+    }
+    // Phases with real work in every forward take time; the ready wait (offsets) and the combine
+    // wait can be shorter than the timer's resolution on one GPU, so they are only >= 0.
+    for (size_t p : {0, 2, 3, 4, 6}) EXPECT_GT(phases[p].us, 0.0) << phases[p].phase;
+    std::printf("[mega phases] %s T=%d%s; sum %.1f us, forward %.1f us\n",
+                std::string(weight_format_name(c.weight_format)).c_str(), in.tokens, line.c_str(), sum_us, total_us);
+    // The phases span the earliest CTA start to the latest CTA end: inside the events' span, and
+    // most of it (the rest is launch latency).
+    EXPECT_LE(sum_us, total_us + 1.0);
+    EXPECT_GE(sum_us, 0.5 * total_us);
+    EXPECT_TRUE(dev.download_out() == untimed) << "the output changed with phase timing on";
+  }
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+
+  backend->set_phase_timing(false);
+  EXPECT_TRUE(backend->last_phase_times().empty()) << "timing switched off";
+  poison_device_buffer(dev.out, out_bytes, 0xFF, stream_);
+  backend->forward(inputs, outputs, stream_);
+  group->synchronize(stream_);
+  EXPECT_TRUE(dev.download_out() == untimed) << "timing switched off again";
+  backend->set_phase_timing(true);  // destroy() must free the buffer and the event
+  backend->destroy();
+  EXPECT_THROW(backend->set_phase_timing(false), Error);
+  group->destroy();
 }
 
 TEST_P(MegaSingle, RejectsUnsupportedConfigurationsWithReasons) {
