@@ -25,9 +25,24 @@ using kernels::MegaFormat;
 using kernels::MegaMoeParams;
 // Both GEMMs of one launch use the same BLOCK_M (one m-tile table, one gemm1_done counter per m-tile).
 // Both formats use these carve-ups (a BF16 stage is the same 128-byte rows; the 16 KiB SwiGLU exchange
-// serves both SwiGLU epilogues).
-using SmallTiles = kernels::sm90::GroupedGemmLayout<1, 1, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 64 x 256
-using LargeTiles = kernels::sm90::GroupedGemmLayout<1, 2, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 128 x 256
+// serves both SwiGLU epilogues) with the GEMM-2 BF16 staging aliasing the exchange (v8: 64 rows per
+// math warpgroup at 64 x 256, 32 at 128 x 256, where 64 would not fit); FP8 adds the scale ring (the
+// scale warp stages A and B scales in shared memory), BF16 has no scales.
+template <int kSubTiles, bool kFp8>
+using MegaTiles = kernels::sm90::GroupedGemmLayout<1, kSubTiles, 4, kernels::sm90::Epilogue::kSwigluQuantFp8,
+                                                   kSubTiles == 1 ? 64 : 32, kFp8>;
+using SmallTiles = MegaTiles<1, true>;  // 64 x 256
+using LargeTiles = MegaTiles<2, true>;  // 128 x 256
+static_assert(MegaTiles<1, false>::kBlockM == SmallTiles::kBlockM && MegaTiles<2, false>::kBlockM == LargeTiles::kBlockM);
+// NOTES: shared memory at the largest local expert count mega accepts (mega_reject_reason), static
+// shared variables (< 128 B) included. 128 x 256 FP8: 1,024 slack + 196,608 tiles + 17,408 staging/exchange
+// + 2,080 scale ring + 64 barriers + 16 * (E + 1) tables = 225,392 B at E = 512 (953 would be the limit).
+template <class Layout>
+constexpr bool mega_fits_shared() {
+  return kernels::mega_moe_shared_bytes<Layout>(kMegaMaxLocalExperts) + 128 <= kernels::sm90::kSharedBytesPerCta;
+}
+static_assert(mega_fits_shared<MegaTiles<1, true>>() && mega_fits_shared<MegaTiles<2, true>>() &&
+              mega_fits_shared<MegaTiles<1, false>>() && mega_fits_shared<MegaTiles<2, false>>());
 
 // What mega layers share (MoeWorkspace): the symmetric window (make_mega_moe_layout), the grouped
 // activations, GEMM-1 output, row tables, the kernel's counters and its epoch, and the activation
@@ -244,11 +259,11 @@ class MegaBackend final : public MoeBackend {
     using kernels::launch_mega_moe;
     constexpr MegaFormat kBf16 = MegaFormat::kBf16, kFp8 = MegaFormat::kFp8Block;
     if (format_ == kBf16) {
-      if (small) launch_mega_moe<SmallTiles, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
-      else launch_mega_moe<LargeTiles, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      if (small) launch_mega_moe<MegaTiles<1, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      else launch_mega_moe<MegaTiles<2, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
     } else {
-      if (small) launch_mega_moe<SmallTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
-      else launch_mega_moe<LargeTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      if (small) launch_mega_moe<MegaTiles<1, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      else launch_mega_moe<MegaTiles<2, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
     }
     if (phase_timing_) {
       MEGAMOE_CUDA_CHECK(cudaEventRecord(phase_done_, s));

@@ -56,6 +56,28 @@ TEST_P(MegaSingle, ClampedSwigluTopkInFc1AndLargeTiles) {
   }
 }
 
+// Many tiles per CTA (the grid is one CTA per SM): several GEMM-2 tiles run back to back in one CTA,
+// so the GEMM-2 epilogue's bulk copies of one tile are still in flight when the next tile stages its
+// rows, and its pieces are counted one tile later (count_combine_pieces). Wide rows (H = 2048: 8
+// GEMM-2 n-tiles per m-tile), experts whose rows end inside a tile, both tile heights; mega == staged
+// bit for bit and both vs the reference.
+TEST_P(MegaSingle, ManyTilesPerCtaBothTileHeights) {
+  auto group = single_rank_group();
+  // 32 experts x ~64 rows: 64-row tiles (~50 m-tiles, ~400 GEMM-2 tiles); 4 experts x ~512 rows:
+  // 128-row tiles (~18 m-tiles, ~150 GEMM-2 tiles after ~18 GEMM-1 tiles on 132 CTAs).
+  for (int experts : {32, 4}) {
+    LayerCase lc;
+    lc.config = MoeConfig{2048, 128, experts, 2, GetParam(), Activation{}, false, 0, 1024};
+    lc.tokens_per_rank = {1024};
+    lc.seed = 71 + experts;
+    BackendCaseOptions options;
+    options.repeats = 1;
+    options.compare_with = "staged";
+    options.max_differing = 0;
+    run_backend_case("mega", *group, lc, stream_, options);
+  }
+}
+
 TEST_P(MegaSingle, ZeroTokensAndChangingTokenCounts) {
   auto group = single_rank_group();
   const MoeConfig c = small_config(128, GetParam());
