@@ -140,19 +140,23 @@ TEST_P(MegaSingle, CapacityOverflowThrowsBeforeLaunchAndBadIdIsReported) {
 
 // Phase timing (set_phase_timing / last_phase_times; src/moe/mega_phase_times.h): seven phases that
 // add up to about the forward, each >= 0 (the boundaries only move forward), and the same output bits
-// with timing on as off.
+// with timing on as off. 4096 tokens, so that every phase with work in it spans several microseconds
+// (%globaltimer may tick in microseconds); the output is checked against staged (same GEMM code, 0
+// differing elements on one GPU, see MatchesReferenceAndStagedReplaysAndRepeats) instead of the
+// host reference, which would take minutes at this size.
 TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
   constexpr uint64_t kSeed = 29;
+  constexpr int kTokens = 4096;
   SCOPED_TRACE(::testing::Message() << "seed " << kSeed);
   auto group = single_rank_group();
-  const MoeConfig c{1024, 512, 16, 4, GetParam(), Activation{}, false, 0, 512};
+  const MoeConfig c{1024, 512, 16, 4, GetParam(), Activation{}, false, 0, kTokens};
   const auto experts = make_experts(c, kSeed);
   auto backend = make_backend("mega", c, group.get());
   for (int e = 0; e < backend->num_local_experts(); ++e) backend->load_expert(e, experts[e].weights);
   backend->warmup(stream_);
   EXPECT_TRUE(backend->last_phase_times().empty()) << "timing is off by default";
 
-  const RankInputs in = make_rank_inputs(kSeed, 0, 512, c.hidden, c.num_experts, c.top_k, 1, Routing::kUniform);
+  const RankInputs in = make_rank_inputs(kSeed, 0, kTokens, c.hidden, c.num_experts, c.top_k, 1, Routing::kUniform);
   DeviceInputs dev(in, c.hidden, c.top_k);
   const size_t out_bytes = static_cast<size_t>(in.tokens) * c.hidden * 2;
   MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
@@ -161,10 +165,15 @@ TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
   backend->forward(inputs, outputs, stream_);
   group->synchronize(stream_);
   const std::vector<uint16_t> untimed = dev.download_out();
-  std::vector<double> tolerance;
-  const Comparison cmp = compare_outputs(untimed, reference_layer(c, experts, in, &tolerance), c.hidden, tolerance);
-  EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format));
-  EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
+  const std::vector<uint16_t> staged = run_backend_once("staged", *group, c, experts, in, stream_);
+  ASSERT_EQ(untimed.size(), staged.size());
+  size_t differing = 0, nonzero = 0;
+  for (size_t i = 0; i < untimed.size(); ++i) {
+    differing += untimed[i] != staged[i];
+    nonzero += (untimed[i] & 0x7FFF) != 0;
+  }
+  EXPECT_EQ(differing, 0u) << "mega vs staged";
+  EXPECT_GT(nonzero, untimed.size() / 2) << "the output is mostly zeros";
 
   backend->set_phase_timing(true);
   EXPECT_TRUE(backend->last_phase_times().empty()) << "no forward has run with timing on yet";
@@ -198,11 +207,12 @@ TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
     // Phases with real work in every forward take time; the ready wait (offsets) and the combine
     // wait can be shorter than the timer's resolution on one GPU, so they are only >= 0.
     for (size_t p : {0, 2, 3, 4, 6}) EXPECT_GT(phases[p].us, 0.0) << phases[p].phase;
+    EXPECT_GT(phases[3].us + phases[4].us, 0.3 * sum_us) << "the GEMMs are a large part of the forward";
     std::printf("[mega phases] %s T=%d%s; sum %.1f us, forward %.1f us\n",
                 std::string(weight_format_name(c.weight_format)).c_str(), in.tokens, line.c_str(), sum_us, total_us);
     // The phases span the earliest CTA start to the latest CTA end: inside the events' span, and
     // most of it (the rest is launch latency).
-    EXPECT_LE(sum_us, total_us + 1.0);
+    EXPECT_LE(sum_us, total_us + 2.0);  // + 2 timer ticks of 1 us
     EXPECT_GE(sum_us, 0.5 * total_us);
     EXPECT_TRUE(dev.download_out() == untimed) << "the output changed with phase timing on";
   }
