@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (2 x H200, prebuilt binaries): the staged layer's GEMM tile choice, side by side.
 #   source scripts/use_prebuilt.sh NAME && OUT=$OUT bash scripts/gpu_staged_tiles.sh
-# bench layer (staged) at the computed rows hint, then with MEGAMOE_STAGED_ROWS_HINT forced to 32 (64-row
+# bench layer (staged) with MEGAMOE_STAGED_ROWS_HINT=auto (the computed hint, opt-in), then forced to 32 (64-row
 # tiles), 256 (mid) and 0 (unknown: the largest tiles, the behaviour before session 7); PRESETS, TOKENS.
 # Then (NCU=1) an ncu summary of the FP8 GEMMs at 128 experts x ROWS_NCU rows (dsv3), and (TESTS=1)
 # GroupedGemmFp8.* + StagedPhaseTiming + EpSingle and a memcheck of the GEMM-1 bulk-store tests.
@@ -12,7 +12,7 @@ step() { local name=$1 limit=$2; shift 2; local t0=$(date +%s); timeout "$limit"
 step smoke 40 "$B/tests/megamoe_tests_gpu" --gtest_filter='GroupedGemmFp8.PlainSplitNSmallGroups:StagedPhaseTiming.*' || exit 1
 for preset in ${PRESETS:-dsv3 qwen3-30b}; do
   for hint in auto ${HINTS:-32 256 0}; do
-    env=(); [ "$hint" != auto ] && env=(MEGAMOE_STAGED_ROWS_HINT=$hint)
+    env=(MEGAMOE_STAGED_ROWS_HINT=$hint)
     step "layer_${preset}_$hint" 150 env "${env[@]}" "$B/megamoe" bench layer --backend staged --ranks 2 \
       --preset "$preset" --format "${FORMAT:-fp8_block}" --tokens "${TOKENS:-128,2048,8192}" --iters 10 \
       --json "$out/layer_${preset}_$hint.json"

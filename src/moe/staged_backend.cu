@@ -195,14 +195,20 @@ class StagedBackend final : public MoeBackend {
     mark_phase(1, s);  // after dispatch
     const ReceivedTokens& rx = io_->received();
     const int H = config_.hidden, I = config_.intermediate;
-    // Tile choice of the grouped GEMMs (sm90_gemm_heuristics.h): rows per local expert as uniform
-    // routing with every rank holding this rank's token count would give, the same estimate mega uses.
-    // NOTES: without it (0 = unknown) every GEMM ran the largest tiles: at 8 rows per expert GEMM 2 in
-    // 256 x 128 tiles streamed its weights at 2.1 TB/s (dsv3, 128 tokens/rank, 2 ranks, session 7).
-    // MEGAMOE_STAGED_ROWS_HINT (diagnostic, read once) overrides it to compare tile choices in one run.
+    // Tile choice of the grouped GEMMs (sm90_gemm_heuristics.h): rows per local expert as uniform routing
+    // with every rank holding this rank's token count would give (the estimate mega uses), or 0 =
+    // unknown (the largest tiles). MEGAMOE_STAGED_ROWS_HINT (read once): unset = 0, "auto" = the
+    // estimate, a number = that hint.
+    // NOTES: the estimate is opt-in until a hang is understood (session 7, 2 x H200): with it,
+    // `MegaMulti.ManyGemm2TilesPerCta` (H 4096, I 128, 16 experts, top-2, T 1024 / 1000; its single-rank
+    // staged reference on rank 0) hung twice, and passed with the variable unset. With it, dsv3 FP8 at
+    // 128 tokens/rank ran 2490 -> 1661 us (GEMM 2 at 8 rows/expert in 256 x 128 tiles streamed 2.1 TB/s),
+    // and GroupedGemmFp8.*, EpSingle.*, EpMulti.* passed. docs/perf.md Session 7.
     static const int forced_hint = [] {
       const char* v = std::getenv("MEGAMOE_STAGED_ROWS_HINT");
-      return v ? std::atoi(v) : -1;
+      if (v == nullptr || *v == 0) return 0;
+      if (std::string(v) == "auto") return -1;
+      return std::max(0, std::atoi(v));
     }();
     const int rows_hint = forced_hint >= 0 ? forced_hint
                                            : static_cast<int>(std::max<int64_t>(
