@@ -252,13 +252,14 @@ std::vector<MoeBackend::PhaseTime> median_phases(const std::vector<std::vector<M
   if (runs.empty() || runs.front().empty()) return {};
   std::vector<MoeBackend::PhaseTime> medians;
   for (size_t p = 0; p < runs.front().size(); ++p) {
-    std::vector<double> us;
+    std::vector<double> us, cta_mean_us;
     for (const auto& run : runs) {
       MEGAMOE_CHECK(run.size() == runs.front().size() && run[p].phase == runs.front()[p].phase,
                     "last_phase_times(): the phases changed between forwards");
       us.push_back(run[p].us);
+      cta_mean_us.push_back(run[p].cta_mean_us);
     }
-    medians.push_back({runs.front()[p].phase, median(us)});
+    medians.push_back({runs.front()[p].phase, median(us), runs.front()[p].cta_mean_us < 0 ? -1 : median(cta_mean_us)});
   }
   return medians;
 }
@@ -278,6 +279,10 @@ std::string phase_split_text(const std::vector<MoeBackend::PhaseTime>& phases) {
     if (phase == "gemm1") return "g1";
     if (phase == "gemm2") return "g2";
     if (phase == "combine") return "comb";
+    if (phase == "stage") return "stg";  // `mega` (legend under the table)
+    if (phase == "offsets") return "ofs";
+    if (phase == "combine_wait") return "cw";
+    if (phase == "reduce") return "red";
     return phase;
   };
   std::string text;
@@ -531,8 +536,9 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
       r.nvlink_bytes_out = nvlink_bytes.out;
       r.nvlink_bytes_in = nvlink_bytes.in;
       // NVLink GB/s (NOTES in layer_bench.h): over the dispatch + combine phases when the backend
-      // reports them, else over the whole forward.
-      const double comm_us = r.phases.empty() ? r.median_us : phase_us(r.phases, "dispatch") + phase_us(r.phases, "combine");
+      // reports them, else over the whole forward (`mega` overlaps its transfers with the GEMMs).
+      const double split_comm_us = phase_us(r.phases, "dispatch") + phase_us(r.phases, "combine");
+      const double comm_us = split_comm_us > 0 ? split_comm_us : r.median_us;
       r.nvlink_gbps = comm_us > 0 ? (nvlink_bytes.out + nvlink_bytes.in) / (comm_us * 1e-6) * 1e-9 : 0;
       if (o.check && checked_tokens > 0) {
         double diff2 = 0, ref2 = 0, max_abs = 0;
@@ -570,23 +576,30 @@ void print_layer_table(const LayerBenchOptions& o, const std::vector<LayerCaseRe
               std::string(weight_format_name(o.format)).c_str(), std::string(activation_name(o.activation.kind)).c_str(),
               o.apply_topk_in_fc1 ? " (top-k in fc1)" : "", std::string(routing_pattern_name(o.routing)).c_str(), o.ranks,
               o.iters);
-  // "split µs" pads to 41 bytes: µ takes two bytes and one column.
-  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-8s | %11s | %-41s | %-22s |\n",
+  // "split µs" pads to 67 bytes: µ takes two bytes and one column.
+  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-8s | %11s | %-67s | %-22s |\n",
               "backend", "tokens", "rows", "median us", "min us", "TFLOP/s", "vs first", "floor us", "vs floor",
               "floor by", "NVLink GB/s", "split µs", "check (rel-L2)");
   std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
               std::string(10, '-').c_str(), std::string(14, '-').c_str(), std::string(14, '-').c_str(),
               std::string(11, '-').c_str(), std::string(10, '-').c_str(), std::string(12, '-').c_str(),
               std::string(10, '-').c_str(), std::string(10, '-').c_str(), std::string(13, '-').c_str(),
-              std::string(42, '-').c_str(), std::string(24, '-').c_str());
+              std::string(68, '-').c_str(), std::string(24, '-').c_str());
   for (const LayerCaseResult& r : results) {
     char check[64] = "-";
     if (r.checked) std::snprintf(check, sizeof(check), "%s (%.2e)", r.check_passed ? "ok" : "FAILED", r.check_rel_l2);
-    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-8s | %11.1f | %-40s | %-22s |\n",
+    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-8s | %11.1f | %-66s | %-22s |\n",
                 r.backend.c_str(), r.tokens, static_cast<long long>(r.rows), r.median_us, r.min_us, r.tflops,
                 r.ratio_to_first, r.floor_us, r.ratio_to_floor, r.floor.bound(), r.nvlink_gbps,
                 phase_split_text(r.phases).c_str(), check);
   }
+  for (const LayerCaseResult& r : results)
+    if (phase_us(r.phases, "stage") > 0) {
+      std::printf("split (mega): phase = until the LATEST CTA passes its end (they add up to the kernel); stg = stage "
+                  "own tokens, ofs = wait for every rank's ready + offsets, pull, g1 / g2 = last GEMM-1 / GEMM-2 tile, "
+                  "cw = wait for combine rows, red = top-k reduce; per-CTA means in the JSON (phases_cta_mean_us)\n");
+      break;
+    }
 }
 
 namespace {
@@ -629,6 +642,9 @@ nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<
     // Per-phase medians (µs) for backends that report phases (`staged`); {} otherwise.
     c["phases_us"] = nlohmann::json::object();
     for (const MoeBackend::PhaseTime& p : r.phases) c["phases_us"][p.phase] = p.us;
+    // `mega` only: the mean over CTAs of the time each spent in the phase (src/moe/mega_phase_times.h).
+    for (const MoeBackend::PhaseTime& p : r.phases)
+      if (p.cta_mean_us >= 0) c["phases_cta_mean_us"][p.phase] = p.cta_mean_us;
     if (r.checked)
       c["check"] = {{"passed", r.check_passed}, {"rel_l2", r.check_rel_l2}, {"max_abs", r.check_max_abs}};
     j["cases"].push_back(c);

@@ -27,11 +27,13 @@
 //   * NVLink GB/s = (nvlink_bytes_out + nvlink_bytes_in) / t, bytes of rank 0 from the NVLink floor's
 //     model above (layer_nvlink_bytes: the least any EP scheme moves, not what a backend's padding or
 //     protocol adds), both directions summed (so the H200 ceiling is 2 x 370 GB/s). t = the median
-//     "dispatch" + "combine" phase times for a backend that reports phases (`staged`), else the
-//     median forward. 0 on one rank (nothing crosses NVLink).
+//     "dispatch" + "combine" phase times for a backend that reports them (`staged`), else the
+//     median forward (`mega`, whose transfers overlap its GEMMs). 0 on one rank (nothing crosses NVLink).
 //   * Split: GPU backends run with MoeBackend::set_phase_timing(true); "split µs" gives the median of
 //     each phase of last_phase_times() over the timed forwards (dispatch / gemm1 / gemm2 / combine for
-//     `staged`), "-" for backends without separable phases (`mega`, `reference`). JSON: phases_us.
+//     `staged`; stage / offsets / pull / gemm1 / gemm2 / combine_wait / reduce for `mega`, each up to
+//     the latest CTA passing its end: src/moe/mega_phase_times.h), "-" for backends without phases
+//     (`reference`). JSON: phases_us, and for `mega` also phases_cta_mean_us (per-CTA means).
 //   * --check runs `reference` on the first `check_tokens` tokens and compares each backend's rows.
 #pragma once
 

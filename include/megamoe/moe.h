@@ -94,10 +94,13 @@ class MoeBackend {
 
   // Optional per-phase timing of forward() on this rank, for benchmarks (`megamoe bench layer`).
   // Backends with separable phases record CUDA events on the forward's stream at the phase
-  // boundaries; a single-kernel backend (`mega`) or a CPU one (`reference`) keeps these defaults.
+  // boundaries (`staged`); the single-kernel `mega` has its CTAs stamp %globaltimer at its phase
+  // boundaries (src/moe/mega_phase_times.h says what its numbers mean); a CPU backend (`reference`)
+  // keeps these defaults.
   struct PhaseTime {
     std::string phase;  // e.g. "dispatch", "gemm1", "gemm2", "combine" for `staged`
     double us = 0;
+    double cta_mean_us = -1;  // mean over CTAs of the time each spent in the phase (`mega`); < 0: none
   };
   // Creates (true) or destroys (false) the backend's timing events, so call it outside CUDA-graph
   // capture; a forward made while timing is on records events and must not be captured either.

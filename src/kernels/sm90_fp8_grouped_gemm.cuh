@@ -63,7 +63,9 @@ constexpr int kBf16StagingPitch = 128 * 2 + 16;
 // kWarpgroupsM: 2 = the math warpgroups split the tile's rows (split-M), 1 = its columns (split-N).
 // kSubTilesM: 64-row sub-tiles per math warpgroup (each a separate 64 x 128 wgmma accumulator set).
 // kStagingRows: rows of BF16 staging per math warpgroup for store_bf16_epilogue_bulk (64 or 32; 0 = no
-// staging region: the direct-store epilogues, the BF16 kernel's alias, the fused kernel).
+// staging region: the direct-store epilogues, the BF16 kernel's alias). With kSwigluQuantFp8 (the fused
+// kernel, whose GEMM-2 tiles store BF16 while its GEMM-1 tiles run the SwiGLU epilogue) the staging
+// rows ALIAS the SwiGLU exchange buffer: the region is the larger of the two, see kStagingOffset.
 // kSharedScales (v8): the A and B scales of every stage are staged in shared memory by the scale warp
 // (warp 1 of the producer warpgroup, cp.async) next to the operands, instead of each math thread
 // loading them from global memory. The fused kernel keeps global loads (false).
@@ -86,18 +88,24 @@ struct GroupedGemmLayout {
   static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
   // v8 BF16 epilogue: kMathWarpgroups x kStagingRows x kBf16StagingPitch bytes (64 rows: 34,816 B;
   // 32 rows: 17,408 B), warpgroup w's rows at w * kStagingRows * kBf16StagingPitch.
-  static_assert(kStagingRows == 0 || (kEpilogue == Epilogue::kStoreBf16 && (kStagingRows == 32 || kStagingRows == 64)),
-                "BF16 staging: 32 or 64 rows per math warpgroup, kStoreBf16 only");
+  // NOTES: exchange and staging both start at kTilesBytes and the region after the tiles is the larger
+  // of the two. Only one of them is non-empty in the standalone layouts (the offsets are those of two
+  // regions back to back); in the fused kernel's (kSwigluQuantFp8 + staging) they alias, which is safe
+  // because a CTA runs all its GEMM-1 tiles (exchange) before its first GEMM-2 tile (staging), and the
+  // last exchange barrier of a GEMM-1 tile (and, with bulk FP8 stores, the completed copies behind
+  // gemm1_done) come before any staging write (sm90_mega_moe.cuh NOTES).
+  static_assert(kStagingRows == 0 || kStagingRows == 32 || kStagingRows == 64, "BF16 staging: 32 or 64 rows per math warpgroup");
   static constexpr int kStagingRowsValue = kStagingRows;
   static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
-  static constexpr int kStagingOffset = kTilesBytes + kExchangeBytes;
+  static constexpr int kStagingOffset = kTilesBytes;
+  static constexpr int kExchangeRegionBytes = kExchangeBytes > kStagingBytes ? kExchangeBytes : kStagingBytes;
   static_assert(kStagingOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
   // Scale ring (kSharedScales): per stage kBlockM A scales (tile row i at [i]; 0 for rows past the
   // expert's end) then kMathWarpgroups B scales ([kBlockM + w] = the 128-column block math warpgroup w
   // multiplies; both equal in split-M). Bytes = kStages * (kBlockM + 2) * 4, rounded up to 16.
   static constexpr bool kScalesInShared = kSharedScales;
   static constexpr int kScaleFloats = kBlockM + kMathWarpgroups;
-  static constexpr int kScalesOffset = kStagingOffset + kStagingBytes;
+  static constexpr int kScalesOffset = kTilesBytes + kExchangeRegionBytes;
   static constexpr int kScalesBytes = kSharedScales ? (kStages * kScaleFloats * 4 + 15) / 16 * 16 : 0;
   static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
@@ -135,7 +143,7 @@ struct Fp8GemmShared {
   uint8_t* a_tiles;
   uint8_t* b_tiles;
   float* exchange;
-  uint8_t* bf16_staging;  // kStagingOffset (kStagingBytes, 0 unless the layout has kStagingRows)
+  uint8_t* bf16_staging;  // kStagingOffset (kStagingBytes, 0 unless the layout has kStagingRows; may alias exchange)
   float* scales;          // Layout::kScalesInShared: [kStageCount][kScaleFloats]
   uint64_t* full;
   uint64_t* empty;
@@ -654,7 +662,9 @@ __device__ __forceinline__ void store_bf16_epilogue_wide(const float (&accumulat
 // waiting on 32-64 st.global of 4 bytes per thread (16 bytes per row per warp instruction, half sectors).
 // `staging` = this math warpgroup's kStagingRows x kBf16StagingPitch bytes; first_row = the global row of
 // its accumulator row 0 (tile m0 + its row offset in the tile); col_base = its first output column (a
-// multiple of 128, no per-lane offset); out rows are out_cols BF16 apart.
+// multiple of 128, no per-lane offset); row_out(row) = the bf16* of column 0 of output row `row` (the
+// standalone kernel's out + row * n; the fused kernel's combine row on the row's source rank, a peer
+// GPU's memory mapped over NVLink: bulk copies write peer-mapped global memory like local memory).
 // NOTES:
 // - Ownership: wgmma m64n128 gives warp w of the warpgroup the sub-tile rows 16w .. 16w + 15, all 128
 //   columns. Each warp stages only its own rows and copies them itself, so __syncwarp orders both hazards
@@ -674,14 +684,23 @@ __device__ __forceinline__ void store_bf16_epilogue_wide(const float (&accumulat
 //   written: the tile that owns them writes them.
 // - The caller must run bulk_wait_all() (wait_group 0) in every math thread before the kernel exits:
 //   the writes complete within the grid, and the staging memory is not released while still being read.
+//   Per tile, each issuing lane (lane < R of every warp) commits exactly kBulkGroupsPerTile groups (one
+//   per chunk, empty when its row is invalid), so bulk_wait_all_but<kBulkGroupsPerTile>() right after a
+//   tile's call completes the writes of every EARLIER tile (the fused kernel's deferred piece counts).
+// - row_out is called at the top of each chunk by the issuing lanes with a valid row (before the
+//   conversions and the staging stores), so that a load behind it (the fused kernel reads the row's
+//   RowSource) overlaps them.
 // - Alignment (bulk copies need 16-byte addresses): the staging region starts 16-byte aligned (layout
 //   static_assert) and its rows are 272 B apart; out is 16-byte aligned and out_cols % 128 == 0 (launcher
 //   checks), col_base % 128 == 0.
 // - Values: __floats2bfloat162_rn of the same accumulator pairs as store_bf16_epilogue: bit-identical.
 template <int kSubTilesM, int kStagingRows>
+constexpr int bulk_groups_per_tile() {
+  return kSubTilesM * (64 / kStagingRows);
+}
+template <int kSubTilesM, int kStagingRows, class RowOut>
 __device__ __forceinline__ void store_bf16_epilogue_bulk(const float (&accumulator)[kSubTilesM][64], uint8_t* staging,
-                                                         int first_row, int m_end, __nv_bfloat16* out, int out_cols,
-                                                         int col_base) {
+                                                         int first_row, int m_end, int col_base, RowOut&& row_out) {
   static_assert(kStagingRows == 64 || kStagingRows == 32, "a sub-tile or one row half of it per chunk");
   static_assert(kBf16StagingPitch % 16 == 0 && (kBf16StagingPitch / 4) % 32 == 4, "bank math above");
   constexpr int kChunksPerSubTile = 64 / kStagingRows;
@@ -696,6 +715,9 @@ __device__ __forceinline__ void store_bf16_epilogue_bulk(const float (&accumulat
   for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
     for (int c = 0; c < kChunksPerSubTile; ++c) {
+      const int row = first_row + 64 * s + 16 * warp + (kChunksPerSubTile == 1 ? lane : 8 * c + lane);
+      const bool copies = lane < kWarpRows && row < m_end;
+      __nv_bfloat16* destination = copies ? row_out(row) + col_base : nullptr;
       uint32_t pairs[kHalvesPerChunk][16];  // converted before the wait: the cvts overlap it
 #pragma unroll
       for (int i = 0; i < kHalvesPerChunk; ++i) {
@@ -715,10 +737,7 @@ __device__ __forceinline__ void store_bf16_epilogue_bulk(const float (&accumulat
       fence_proxy_async_shared();
       __syncwarp();
       if (lane < kWarpRows) {
-        const int row = first_row + 64 * s + 16 * warp + (kChunksPerSubTile == 1 ? lane : 8 * c + lane);
-        if (row < m_end)
-          bulk_copy_shared_to_global(out + static_cast<int64_t>(row) * out_cols + col_base,
-                                     warp_staging + lane * kBf16StagingPitch, kRowBytes);
+        if (copies) bulk_copy_shared_to_global(destination, warp_staging + lane * kBf16StagingPitch, kRowBytes);
         bulk_commit_group();
       }
     }
@@ -968,10 +987,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         accumulator, partial, smem, where, params.a_scales, b_scales, k_blocks, wg_m, wg_n, cursor,
         active_sub_tiles(t.m_end - t.m0, wg_m * Layout::kRowsPerWarpgroup, kSubTilesM));
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
+      __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
+      const int out_cols = params.n;
       store_bf16_epilogue_bulk<kSubTilesM, Layout::kStagingRowsValue>(
           accumulator, smem.bf16_staging + math_wg * Layout::kStagingRowsValue * kBf16StagingPitch,
-          t.m0 + wg_m * Layout::kRowsPerWarpgroup, t.m_end, static_cast<__nv_bfloat16*>(params.out), params.n,
-          t.n_tile * kBlockN + wg_n * 128);
+          t.m0 + wg_m * Layout::kRowsPerWarpgroup, t.m_end, t.n_tile * kBlockN + wg_n * 128,
+          [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
     } else {
       swiglu_quant_fp8_epilogue<Layout, false, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
                                                params.topk_weights, static_cast<uint8_t*>(params.out),

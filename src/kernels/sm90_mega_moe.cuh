@@ -27,8 +27,12 @@
 //                b + grid, ...
 //                A GEMM-1 tile of expert e starts when arrived[e] == rows(e); a GEMM-2 tile of m-tile m
 //                starts when gemm1_done[m] == I/128 (all GEMM-1 n-tiles of those rows). The GEMM-2
-//                epilogue writes BF16 straight into combine_rows of the row's source rank (peer
-//                pointer) and adds the tile's rows to combine_pieces[me] on that rank.
+//                epilogue (v8) stages BF16 rows in shared memory and sends each valid row with one
+//                256-byte bulk copy straight into combine_rows of the row's source rank (peer pointer),
+//                and adds the tile's rows to combine_pieces[me] on that rank one GEMM-2 tile later,
+//                once the copies are complete (count_combine_pieces). FP8: the producer warpgroup's
+//                warp 1 (scale warp) stages every stage's A and B scales in shared memory (v8), and
+//                GEMM 1's FP8 rows leave by 128-byte bulk copies (v8c).
 //   5 reduce     math warps: wait (bounded) until combine_pieces[r] == expected_from[r] * H/256 for
 //                every rank r, then out[t] = bf16(sum_j fmaf(w_j, y_j)) in slot order (deterministic).
 //   6 cleanup    the last CTA to finish waits for pulled[s] from every rank s (my src_* may then be
@@ -45,7 +49,17 @@
 //   __threadfence / __threadfence_system), then bump a counter with red.release; readers acquire the
 //   counter (ld.acquire.sys) and, before TMA, fence.proxy.async. Data written during the kernel by
 //   other CTAs (scales, row weights, row sources, combine rows) is read with ld.global.cg, never
-//   through the non-coherent read-only path.
+//   through the non-coherent read-only path; the scale warp reads the A scales (grouped_scales from
+//   phase 3, act_scales from GEMM-1 epilogues) with 4-byte cp.async, which exists only as .ca (through
+//   L1): that is still the coherent path, ordered after lane 0's own acquire of the same counter the
+//   TMA thread waits for (arrived / gemm1_done) and __syncwarp (the acquire also drops L1 lines loaded
+//   before it, e.g. a neighbouring expert's rows sharing a line).
+// - Bulk copies (async proxy) publish like stores: GEMM-1 act rows: the issuing lanes wait for their
+//   groups (wait_group 0, not .read), fence.proxy.async, __threadfence, barrier, gemm1_done release;
+//   GEMM-2 combine rows: the same with __threadfence_system before combine_pieces (count_combine_pieces).
+// - Shared memory: the GEMM-2 BF16 staging aliases the SwiGLU exchange buffer (GroupedGemmLayout
+//   kStagingOffset): a CTA runs all its GEMM-1 tiles before its first GEMM-2 tile, and each GEMM-1 tile
+//   ends with its exchange barriers passed and its bulk copies complete (bulk_wait_all before gemm1_done).
 // - Waits on this rank's own CTAs (arrived, gemm1_done) never give up the pipeline: on timeout (or
 //   when the group already failed) they record the error and proceed, so producer and math
 //   warpgroups stay in lockstep and the kernel ends; the host then raises the (rank, phase) error.
@@ -61,6 +75,7 @@
 #include "kernels/sm90_ep_common.cuh"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
+#include "moe/mega_phase_times.h"
 
 namespace megamoe::kernels {
 
@@ -142,6 +157,9 @@ struct MegaMoeParams {
   uint8_t* act;                // [max_rows, I] * P bytes: e4m3 | bf16
   float* act_scales;           // [max_rows, I/128] (FP8 only)
   int64_t max_rows;
+  // Phase timing (MegaBackend::set_phase_timing): null when off (the kernel then reads no timer and
+  // writes nothing extra); else [gridDim.x, kMegaPhaseStamps] globaltimer stamps, see mega_phase_times.h.
+  uint64_t* phase_stamps;
 
   template <typename T>
   __device__ __forceinline__ T* region(int rank, size_t offset) const {
@@ -150,6 +168,13 @@ struct MegaMoeParams {
 };
 
 namespace mega_detail {
+
+// Phase timing: CTA `blockIdx.x` writes boundary `index` (MegaPhaseStamp) when timing is on. One
+// thread per boundary and CTA; which thread is noted where it is called.
+__device__ __forceinline__ void stamp_phase(const MegaMoeParams& p, int index) {
+  if (p.phase_stamps != nullptr)
+    p.phase_stamps[static_cast<size_t>(blockIdx.x) * kMegaPhaseStamps + index] = ep_device::globaltimer_ns();
+}
 
 // Tile sequence of step 4: all GEMM-1 tiles (m-tile major, n-tile fastest), then all GEMM-2 tiles.
 // NOTES:
@@ -310,7 +335,42 @@ __device__ inline void pull_tokens(const MegaMoeParams& p, const int* offsets, c
   }
 }
 
+// GEMM-2 pieces of the tile with rows [m0, m_end): once its bulk copies are complete (every math
+// thread waits for all its bulk groups but the kPending most recent ones, i.e. the next tile's),
+// one thread per tile row of math warpgroup 0 adds the tile's rows per source rank to that rank's
+// combine_pieces[me] (release, system scope). All 256 math threads take part (named barrier 3).
+// NOTES (async-proxy writes before a generic release, system scope):
+// - cp.async.bulk.wait_group (not .read) returns once the copies' writes are performed and visible
+//   to the issuing thread; fence.proxy.async.global then orders those async-proxy writes before the
+//   thread's later generic-proxy operations; __threadfence_system() (fence.sc.sys) makes them visible
+//   at system scope before the barrier; the releasing thread's red.release.sys comes after the barrier
+//   (bar.sync orders the CTA's threads), so a peer that acquires combine_pieces sees the rows. DeepEP's
+//   intranode kernels publish TMA stores into NVLink buffers the same way (wait_group, bar.sync,
+//   st.release.sys); the proxy fence is the conservative extra step the PTX proxy rules ask for.
+template <int kPending, int kBlockM>
+__device__ __forceinline__ void count_combine_pieces(const MegaMoeParams& p, int m0, int m_end, int math_wg,
+                                                     int thread_in_wg, int lane) {
+  sm90::bulk_wait_all_but<kPending>();
+  fence_proxy_async_global();
+  __threadfence_system();
+  sm90::named_barrier_sync(3, 256);
+  if (math_wg == 0 && thread_in_wg < kBlockM) {  // one thread per tile row counts the pieces per rank
+    const int row = m0 + thread_in_wg;
+    const int rank = row < m_end ? __ldcg(&p.sources[row].rank) : -1;
+    for (int r = 0; r < p.ctx.ranks; ++r) {
+      const unsigned n = __popc(__ballot_sync(0xffffffffu, rank == r));
+      if (lane == 0 && n) ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.combine_pieces) + p.ctx.rank, n);
+    }
+  }
+}
+
 }  // namespace mega_detail
+
+// Register split of the fused kernel's warpgroups (producer: TMA thread + scale warp; two math
+// warpgroups). NOTES: 168 x 384 registers per CTA (__launch_bounds__(384, 1)), so producer + 2 x math
+// <= 504 (sm90_fp8_grouped_gemm.cuh: a larger producer share hangs setmaxnreg.inc).
+constexpr uint32_t kMegaProducerRegisters = 40, kMegaMathRegisters = 232;
+static_assert(kMegaProducerRegisters + 2 * kMegaMathRegisters <= 504, "the launch's 168 x 384 registers");
 
 // Dynamic shared memory: the grouped GEMM's (stages, SwiGLU exchange, barriers, tile table) plus the
 // expert offsets [E_local + 1].
@@ -332,6 +392,11 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   constexpr bool kFp8 = kFormat == MegaFormat::kFp8Block;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kBlockN == 256 && Layout::kWarpgroupsMValue == 1, "both GEMMs run split-N 256-column tiles");
+  static_assert(Layout::kStagingRowsValue > 0, "the GEMM-2 epilogue stages its BF16 rows (store_bf16_epilogue_bulk)");
+  static_assert(!Layout::kScalesInShared || kFp8, "shared scales are FP8 only (the BF16 mainloop has none)");
+  // v8c in the fused kernel: GEMM-1's FP8 rows leave through the exchange buffer by 128-byte bulk copies.
+  constexpr bool kBulkActRows = true;
+  constexpr int kBulkGroupsPerTile = bulk_groups_per_tile<Layout::kSubTiles, Layout::kStagingRowsValue>();
 
   extern __shared__ uint8_t shared_raw[];
   const Fp8GemmShared<Layout> smem(shared_raw);
@@ -345,6 +410,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   const int me = p.ctx.rank, R = p.ctx.ranks;
   const uint64_t target = *p.epoch + 1;  // this forward's epoch value
   if (threadIdx.x == 0) {
+    stamp_phase(p, kMegaStampStart);
     cta_flag = ep_device::group_failed(p.ctx) ? 0 : 1;
     smem.init_barriers();
     prefetch_tensor_map(&x_map);
@@ -366,8 +432,11 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   if (threadIdx.x < R && expected_counts[threadIdx.x]) atomicAdd(p.expected_from + threadIdx.x, expected_counts[threadIdx.x]);
   if (blockIdx.x == 0 && threadIdx.x == 0) *p.region<int32_t>(me, p.layout.src_count) = p.num_tokens;
   __syncthreads();
-  if (threadIdx.x == 0 && last_cta_arrives(p.ctas_quantized))
-    for (int r = 0; r < R; ++r) ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.ready) + me, target);
+  if (threadIdx.x == 0) {
+    if (last_cta_arrives(p.ctas_quantized))
+      for (int r = 0; r < R; ++r) ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.ready) + me, target);
+    stamp_phase(p, kMegaStampStaged);
+  }
 
   // ---- 2: every rank's tokens are ready: expert offsets and the tile table --------------------------
   if (threadIdx.x == 0) {
@@ -401,13 +470,17 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
     if (lane == 0) offsets[E] = carry;
   }
   __syncthreads();
+  if (threadIdx.x == 0) stamp_phase(p, kMegaStampOffsets);
   if (threadIdx.x / 32 == 1) build_expert_tile_table<kBlockM>(table, offsets, E, static_cast<int>(p.max_rows));
 
   // ---- 3: pull the tokens of my experts from every rank ---------------------------------------------
   pull_tokens<kFormat>(p, offsets, tokens_of);
   __syncthreads();  // also publishes the tile table
-  if (threadIdx.x == 0 && last_cta_arrives(p.ctas_gathered))
-    for (int s = 0; s < R; ++s) ep_device::store_release_sys(p.region<uint64_t>(s, p.layout.pulled) + me, target);
+  if (threadIdx.x == 0) {
+    if (last_cta_arrives(p.ctas_gathered))
+      for (int s = 0; s < R; ++s) ep_device::store_release_sys(p.region<uint64_t>(s, p.layout.pulled) + me, target);
+    stamp_phase(p, kMegaStampPulled);
+  }
 
   // ---- 4: GEMM 1 then GEMM 2 tiles -------------------------------------------------------------------
   const int H = p.hidden, I = p.intermediate, k = p.top_k;
@@ -420,8 +493,12 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   const int lane = threadIdx.x % 32;
 
   if (warpgroup == 0) {
-    registers_decrease<kProducerRegisters>();
-    if (threadIdx.x != 0) return;
+    registers_decrease<kMegaProducerRegisters>();
+    // Thread 0 issues the operands' TMA; with Layout::kScalesInShared (FP8) warp 1 is the scale warp
+    // (produce_fp8_scales): same tile walk, same waits, the stage's A and B scales by cp.async.
+    const bool tma_thread = threadIdx.x == 0;
+    const bool scale_warp = Layout::kScalesInShared && threadIdx.x / 32 == 1;
+    if (!tma_thread && !scale_warp) return;
     PipelineCursor<Layout::kStageCount> cursor;
     int expert1 = 0, expert2 = 0, waited_expert = -1;
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
@@ -429,22 +506,36 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
       if (!task.gemm2) {
         const TileCoordinates t = locate_tile(table, task.m_tile * n1_tiles + task.n_tile, n1_tiles, kBlockM, expert1);
         if (waited_expert != expert1) {
-          wait_local_geq(p.ctx, p.arrived + expert1, static_cast<uint64_t>(offsets[expert1 + 1] - offsets[expert1]));
+          if (lane == 0)
+            wait_local_geq(p.ctx, p.arrived + expert1, static_cast<uint64_t>(offsets[expert1 + 1] - offsets[expert1]));
           waited_expert = expert1;
-          fence_proxy_async_global();
+          if (tma_thread) fence_proxy_async_global();
+          else __syncwarp();
         }
-        produce_fp8_tile(smem, &x_map, &w13_map, t.m0, expert1 * 2 * I + t.n_tile * kBlockN, k1_blocks, cursor);
+        if (tma_thread) {
+          produce_fp8_tile(smem, &x_map, &w13_map, t.m0, expert1 * 2 * I + t.n_tile * kBlockN, k1_blocks, cursor);
+        } else if constexpr (Layout::kScalesInShared) {
+          const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + 2 * t.n_tile) * k1_blocks;
+          produce_fp8_scales(smem, p.grouped_scales, b_scales, b_scales + k1_blocks, t.m0, t.m_end, k1_blocks, cursor);
+        }
       } else {
         const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
-        wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
-        fence_proxy_async_global();
-        produce_fp8_tile(smem, &act_map, &w2_map, t.m0, expert2 * H + t.n_tile * kBlockN, k2_blocks, cursor);
+        if (lane == 0) wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
+        if (tma_thread) {
+          fence_proxy_async_global();
+          produce_fp8_tile(smem, &act_map, &w2_map, t.m0, expert2 * H + t.n_tile * kBlockN, k2_blocks, cursor);
+        } else if constexpr (Layout::kScalesInShared) {
+          __syncwarp();
+          const float* b_scales = p.w2_scales + (static_cast<int64_t>(expert2) * (H / 128) + 2 * t.n_tile) * k2_blocks;
+          produce_fp8_scales(smem, p.act_scales, b_scales, b_scales + k2_blocks, t.m0, t.m_end, k2_blocks, cursor);
+        }
       }
     }
+    if (scale_warp) cp_async_wait_all();
     return;
   }
 
-  registers_increase<kMathRegisters>();
+  registers_increase<kMegaMathRegisters>();
   const int math_wg = warpgroup - 1;
   const int thread_in_wg = threadIdx.x % 128;
   const int math_thread = threadIdx.x - 128;  // 0..255
@@ -452,6 +543,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   {
     PipelineCursor<Layout::kStageCount> cursor;
     int expert1 = 0, expert2 = 0;
+    int counted_m0 = -1, counted_m_end = 0;  // the GEMM-2 tile whose pieces are not counted yet (m0 < 0: none)
     float accumulator[Layout::kSubTiles][64];
     float partial[64];
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
@@ -469,23 +561,31 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
           fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.grouped_scales, b_scales, k1_blocks, 0,
                                           math_wg, cursor);
-          swiglu_quant_fp8_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I, topk_weights,
-                                                  p.act, p.act_scales, p.activation, p.limit, p.alpha);
+          swiglu_quant_fp8_epilogue<Layout, true, kBulkActRows>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
+                                                                topk_weights, p.act, p.act_scales, p.activation, p.limit,
+                                                                p.alpha);
         } else {
           bf16_tile_mainloop<Layout>(accumulator, smem, k1_blocks, 0, math_wg, cursor);
           swiglu_bf16_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I, topk_weights,
                                              reinterpret_cast<__nv_bfloat16*>(p.act), p.activation, p.limit, p.alpha);
         }
         if constexpr (kFp8) {  // each math warpgroup stored half of the tile's rows (v7 epilogue)
+          if constexpr (kBulkActRows) bulk_wait_all();  // the act rows' bulk copies are complete (NOTES)
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 256);
-          if (math_thread == 0) ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+          if (math_thread == 0) {
+            ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+            stamp_phase(p, kMegaStampGemm1);  // overwritten by each later GEMM-1 tile of this CTA
+          }
         } else if (math_wg == 1) {  // the up warpgroup stored the tile
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 128);
-          if (thread_in_wg == 0) ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+          if (thread_in_wg == 0) {
+            ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
+            stamp_phase(p, kMegaStampGemm1);  // overwritten by each later GEMM-1 tile of this CTA
+          }
         }
       } else {
         const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
@@ -500,26 +600,28 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
         } else {
           bf16_tile_mainloop<Layout>(accumulator, smem, k2_blocks, 0, math_wg, cursor);
         }
-        store_bf16_epilogue_wide(accumulator, where, t.n_tile * kBlockN + math_wg * 128, [&](int row) {
-          const int4 raw = __ldcg(reinterpret_cast<const int4*>(p.sources + row));  // RowSource {rank, token, slot, w}
-          return p.region<__nv_bfloat16>(raw.x, p.layout.combine_rows) + (static_cast<size_t>(raw.y) * k + raw.z) * H;
-        });
-        __threadfence_system();
-        named_barrier_sync(3, 256);
-        if (math_wg == 0 && thread_in_wg < kBlockM) {  // one thread per tile row counts the pieces per rank
-          const int row = t.m0 + thread_in_wg;
-          const int rank = row < t.m_end ? __ldcg(&p.sources[row].rank) : -1;
-          for (int r = 0; r < R; ++r) {
-            const unsigned n = __popc(__ballot_sync(0xffffffffu, rank == r));
-            if (lane == 0 && n) ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.combine_pieces) + me, n);
-          }
-        }
+        // v8: BF16 rows through shared staging (aliasing the exchange buffer) and 256-byte bulk copies
+        // straight into the combine row of the row's source rank (a peer's, over NVLink, or mine).
+        store_bf16_epilogue_bulk<Layout::kSubTiles, Layout::kStagingRowsValue>(
+            accumulator, smem.bf16_staging + math_wg * Layout::kStagingRowsValue * kBf16StagingPitch, t.m0, t.m_end,
+            t.n_tile * kBlockN + math_wg * 128, [&](int row) {
+              const int4 raw = __ldcg(reinterpret_cast<const int4*>(p.sources + row));  // RowSource {rank, token, slot, w}
+              return p.region<__nv_bfloat16>(raw.x, p.layout.combine_rows) + (static_cast<size_t>(raw.y) * k + raw.z) * H;
+            });
+        // The previous GEMM-2 tile's copies have had this tile's mainloop to drain: count its pieces now,
+        // leaving this tile's copies in flight (NOTES: deferred piece counts).
+        if (counted_m0 >= 0)
+          count_combine_pieces<kBulkGroupsPerTile, kBlockM>(p, counted_m0, counted_m_end, math_wg, thread_in_wg, lane);
+        counted_m0 = t.m0;
+        counted_m_end = t.m_end;
       }
     }
+    if (counted_m0 >= 0) count_combine_pieces<0, kBlockM>(p, counted_m0, counted_m_end, math_wg, thread_in_wg, lane);
   }
 
   // ---- 5: every peer wrote its rows of my tokens: reduce --------------------------------------------
   if (math_thread == 0) {
+    stamp_phase(p, kMegaStampGemm2);  // after this CTA's tile loop (its last GEMM-2 tile)
     int ok = 1;
     const uint64_t* pieces = p.region<uint64_t>(me, p.layout.combine_pieces);
     for (int r = 0; r < R && ok; ++r) {
@@ -527,6 +629,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
       if (!ep_device::bounded_wait_geq(p.ctx, pieces + r, want, EpPhase::kCombine, r)) ok = 0;
     }
     cta_flag = ok;
+    stamp_phase(p, kMegaStampCombineWait);
   }
   named_barrier_sync(4, 256);
   if (cta_flag) {
@@ -551,6 +654,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
       for (int s = 0; s < R; ++s)
         if (!ep_device::bounded_wait_geq(p.ctx, pulled + s, target, EpPhase::kDispatch, s)) cta_flag = 0;
     }
+    stamp_phase(p, kMegaStampReduced);
   }
   named_barrier_sync(4, 256);
   if (!cta_flag) return;

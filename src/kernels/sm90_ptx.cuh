@@ -77,6 +77,11 @@ __device__ __forceinline__ void bulk_commit_group() { cuda::ptx::cp_async_bulk_c
 __device__ __forceinline__ void bulk_wait_all_read() { cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); }
 // All of this thread's bulk groups are complete (their global writes performed).
 __device__ __forceinline__ void bulk_wait_all() { cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{}); }
+// All of this thread's bulk groups but the kPending most recently committed are complete.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_all_but() {
+  cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<kPending>{});
+}
 
 // ---- register reallocation between warpgroups ------------------------------------------------------
 template <uint32_t kRegisters>

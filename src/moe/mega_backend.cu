@@ -15,6 +15,7 @@
 #include "megamoe/ep.h"
 #include "megamoe/error_cuda.h"
 #include "moe/mega_backend.h"
+#include "moe/mega_phase_times.h"
 #include "moe/packed_weights.h"
 
 namespace megamoe {
@@ -24,9 +25,24 @@ using kernels::MegaFormat;
 using kernels::MegaMoeParams;
 // Both GEMMs of one launch use the same BLOCK_M (one m-tile table, one gemm1_done counter per m-tile).
 // Both formats use these carve-ups (a BF16 stage is the same 128-byte rows; the 16 KiB SwiGLU exchange
-// serves both SwiGLU epilogues).
-using SmallTiles = kernels::sm90::GroupedGemmLayout<1, 1, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 64 x 256
-using LargeTiles = kernels::sm90::GroupedGemmLayout<1, 2, 4, kernels::sm90::Epilogue::kSwigluQuantFp8>;  // 128 x 256
+// serves both SwiGLU epilogues) with the GEMM-2 BF16 staging aliasing the exchange (v8: 64 rows per
+// math warpgroup at 64 x 256, 32 at 128 x 256, where 64 would not fit); FP8 adds the scale ring (the
+// scale warp stages A and B scales in shared memory), BF16 has no scales.
+template <int kSubTiles, bool kFp8>
+using MegaTiles = kernels::sm90::GroupedGemmLayout<1, kSubTiles, 4, kernels::sm90::Epilogue::kSwigluQuantFp8,
+                                                   kSubTiles == 1 ? 64 : 32, kFp8>;
+using SmallTiles = MegaTiles<1, true>;  // 64 x 256
+using LargeTiles = MegaTiles<2, true>;  // 128 x 256
+static_assert(MegaTiles<1, false>::kBlockM == SmallTiles::kBlockM && MegaTiles<2, false>::kBlockM == LargeTiles::kBlockM);
+// NOTES: shared memory at the largest local expert count mega accepts (mega_reject_reason), static
+// shared variables (< 128 B) included. 128 x 256 FP8: 1,024 slack + 196,608 tiles + 17,408 staging/exchange
+// + 2,080 scale ring + 64 barriers + 16 * (E + 1) tables = 225,392 B at E = 512 (953 would be the limit).
+template <class Layout>
+constexpr bool mega_fits_shared() {
+  return kernels::mega_moe_shared_bytes<Layout>(kMegaMaxLocalExperts) + 128 <= kernels::sm90::kSharedBytesPerCta;
+}
+static_assert(mega_fits_shared<MegaTiles<1, true>>() && mega_fits_shared<MegaTiles<2, true>>() &&
+              mega_fits_shared<MegaTiles<1, false>>() && mega_fits_shared<MegaTiles<2, false>>());
 
 // What mega layers share (MoeWorkspace): the symmetric window (make_mega_moe_layout), the grouped
 // activations, GEMM-1 output, row tables, the kernel's counters and its epoch, and the activation
@@ -233,6 +249,7 @@ class MegaBackend final : public MoeBackend {
     p.topk_ids = static_cast<const int32_t*>(in.topk_ids.data);
     p.topk_weights = static_cast<const float*>(in.topk_weights.data);
     p.out = static_cast<__nv_bfloat16*>(out.out.data);
+    p.phase_stamps = phase_timing_ ? phase_stamps_ : nullptr;
     // Tile height from this rank's expected rows per local expert (uniform routing, every rank like
     // this one); the choice is local: ranks may differ.
     const int64_t rows_hint = T * config_.top_k / std::max(1, local_experts_);
@@ -242,12 +259,36 @@ class MegaBackend final : public MoeBackend {
     using kernels::launch_mega_moe;
     constexpr MegaFormat kBf16 = MegaFormat::kBf16, kFp8 = MegaFormat::kFp8Block;
     if (format_ == kBf16) {
-      if (small) launch_mega_moe<SmallTiles, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
-      else launch_mega_moe<LargeTiles, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      if (small) launch_mega_moe<MegaTiles<1, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      else launch_mega_moe<MegaTiles<2, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
     } else {
-      if (small) launch_mega_moe<SmallTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
-      else launch_mega_moe<LargeTiles, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      if (small) launch_mega_moe<MegaTiles<1, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      else launch_mega_moe<MegaTiles<2, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
     }
+    if (phase_timing_) {
+      MEGAMOE_CUDA_CHECK(cudaEventRecord(phase_done_, s));
+      phases_recorded_ = true;
+    }
+  }
+
+  // NOTES: the stamp buffer ([ctas, kMegaPhaseStamps] u64) and the event are made on the first
+  // set_phase_timing(true) and kept until destroy(), so switching timing on and off allocates once;
+  // call it outside CUDA-graph capture. With timing off the kernel gets a null buffer and stamps nothing.
+  void set_phase_timing(bool enabled) override {
+    require_alive("set_phase_timing");
+    if (enabled && phase_stamps_ == nullptr) {
+      phase_stamps_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * kMegaPhaseStamps * ctas_));
+      MEGAMOE_CUDA_CHECK(cudaEventCreateWithFlags(&phase_done_, cudaEventDisableTiming));
+    }
+    phase_timing_ = enabled;
+    phases_recorded_ = false;
+  }
+  std::vector<PhaseTime> last_phase_times() const override {
+    if (!phase_timing_ || !phases_recorded_) return {};
+    MEGAMOE_CUDA_CHECK(cudaEventSynchronize(phase_done_));
+    std::vector<uint64_t> stamps(static_cast<size_t>(kMegaPhaseStamps) * ctas_);
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(stamps.data(), phase_stamps_, stamps.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+    return mega_phase_times(stamps.data(), ctas_);
   }
 
   void destroy() override {
@@ -255,6 +296,10 @@ class MegaBackend final : public MoeBackend {
     destroyed_ = true;
     for (void* ptr : allocations_) cudaFree(ptr);
     allocations_.clear();
+    if (phase_done_ != nullptr) cudaEventDestroy(phase_done_);
+    phase_done_ = nullptr;
+    phase_stamps_ = nullptr;
+    phase_timing_ = phases_recorded_ = false;
     // The shared region stays with the workspace (other layers may use it); a private one goes now.
     // Its symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
     scratch_.reset();
@@ -293,6 +338,10 @@ class MegaBackend final : public MoeBackend {
   std::vector<void*> allocations_;
   void *w13_ = nullptr, *w2_ = nullptr;
   float *w13_scales_ = nullptr, *w2_scales_ = nullptr;
+  // phase timing (set_phase_timing)
+  uint64_t* phase_stamps_ = nullptr;  // in allocations_
+  cudaEvent_t phase_done_ = nullptr;  // recorded after a timed forward's launch
+  bool phase_timing_ = false, phases_recorded_ = false;
 };
 
 }  // namespace

@@ -9,6 +9,11 @@
 
 namespace megamoe {
 
+// Most local experts (num_experts / ranks) `mega` accepts: its kernel's shared memory holds 4 pipeline
+// stages of 128 x 256 tiles, the BF16 staging / SwiGLU exchange, the scale ring and three expert tables
+// of E + 1 ints (static_assert in mega_backend.cu).
+constexpr int kMegaMaxLocalExperts = 512;
+
 // What `mega` runs: FP8-block and BF16 weights, SiLU-and-mul and clamped SwiGLU, apply_topk_in_fc1, 1..8 ranks.
 Capabilities mega_capabilities();
 // Empty when `mega` can run `config` on `ranks` ranks, else every reason (naming the field and the

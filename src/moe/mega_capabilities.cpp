@@ -44,8 +44,9 @@ std::string mega_reject_reason(const MoeConfig& c, int ranks) {
     add("intermediate = ", c.intermediate, " must be a positive multiple of 128");
   if (ranks >= 1 && (c.num_experts <= 0 || c.num_experts % ranks != 0))
     add("num_experts = ", c.num_experts, " must be a positive multiple of ranks = ", ranks);
-  else if (ranks >= 1 && c.num_experts / ranks > 1024)
-    add("num_experts / ranks = ", c.num_experts / ranks, " local experts must be <= 1024");
+  else if (ranks >= 1 && c.num_experts / ranks > kMegaMaxLocalExperts)
+    add("num_experts / ranks = ", c.num_experts / ranks, " local experts must be <= ", kMegaMaxLocalExperts,
+        " (the fused kernel's shared memory: pipeline stages, BF16 staging, scale ring and expert tables)");
   if (c.top_k < 1 || c.top_k > std::min(32, std::max(c.num_experts, 1)))
     add("top_k = ", c.top_k, " must be in [1, min(32, num_experts)]");
   if (c.max_tokens_per_rank < 1 || c.max_tokens_per_rank > (1 << 20))

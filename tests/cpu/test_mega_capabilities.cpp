@@ -52,7 +52,8 @@ TEST(MegaCapabilities, RejectedShapesNameFieldAndLimit) {
   EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.hidden = 7040; }), "hidden = 7040 must be a positive multiple of 256"));
   EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.intermediate = 2000; }), "intermediate = 2000"));
   EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.num_experts = 255; }), "num_experts = 255 must be a positive multiple of ranks = 2"));
-  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.num_experts = 4096; }, 2), "local experts must be <= 1024"));
+  EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.num_experts = 2048; }, 2), "num_experts / ranks = 1024 local experts must be <= 512"));
+  EXPECT_EQ(reason([](MoeConfig& c) { c.num_experts = 1024; }, 2), "") << "512 local experts is the limit, inclusive";
   EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.top_k = 33; }), "top_k = 33"));
   EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.max_tokens_per_rank = 0; }), "max_tokens_per_rank = 0"));
   EXPECT_TRUE(mentions(reason([](MoeConfig& c) { c.shared_intermediate = 512; }), "shared experts are not supported"));

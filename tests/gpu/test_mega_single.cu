@@ -1,6 +1,9 @@
 // The `mega` backend (one fused kernel per forward) on ONE GPU (a single-rank group), FP8-block and BF16
 // weights: vs the host reference, vs `staged` bit for bit, graph replay, determinism, both tile heights,
 // changing token counts, bad input.
+#include <cstdio>
+#include <string>
+
 #include "common/gpu_stream.h"
 #include "common/ep_harness.h"
 #include "moe/mega_backend.h"
@@ -47,6 +50,28 @@ TEST_P(MegaSingle, ClampedSwigluTopkInFc1AndLargeTiles) {
     lc.seed = 5 + tokens;
     BackendCaseOptions options;
     options.repeats = 2;
+    options.compare_with = "staged";
+    options.max_differing = 0;
+    run_backend_case("mega", *group, lc, stream_, options);
+  }
+}
+
+// Many tiles per CTA (the grid is one CTA per SM): several GEMM-2 tiles run back to back in one CTA,
+// so the GEMM-2 epilogue's bulk copies of one tile are still in flight when the next tile stages its
+// rows, and its pieces are counted one tile later (count_combine_pieces). Wide rows (H = 2048: 8
+// GEMM-2 n-tiles per m-tile), experts whose rows end inside a tile, both tile heights; mega == staged
+// bit for bit and both vs the reference.
+TEST_P(MegaSingle, ManyTilesPerCtaBothTileHeights) {
+  auto group = single_rank_group();
+  // 32 experts x ~64 rows: 64-row tiles (~50 m-tiles, ~400 GEMM-2 tiles); 4 experts x ~512 rows:
+  // 128-row tiles (~18 m-tiles, ~150 GEMM-2 tiles after ~18 GEMM-1 tiles on 132 CTAs).
+  for (int experts : {32, 4}) {
+    LayerCase lc;
+    lc.config = MoeConfig{2048, 128, experts, 2, GetParam(), Activation{}, false, 0, 1024};
+    lc.tokens_per_rank = {1024};
+    lc.seed = 71 + experts;
+    BackendCaseOptions options;
+    options.repeats = 1;
     options.compare_with = "staged";
     options.max_differing = 0;
     run_backend_case("mega", *group, lc, stream_, options);
@@ -111,6 +136,99 @@ TEST_P(MegaSingle, CapacityOverflowThrowsBeforeLaunchAndBadIdIsReported) {
     EXPECT_NE(std::string(e.what()).find("17"), std::string::npos) << e.what();
   }
   backend->destroy();
+}
+
+// Phase timing (set_phase_timing / last_phase_times; src/moe/mega_phase_times.h): seven phases that
+// add up to about the forward, each >= 0 (the boundaries only move forward), and the same output bits
+// with timing on as off. 4096 tokens, so that every phase with work in it spans several microseconds
+// (%globaltimer may tick in microseconds); the output is checked against staged (same GEMM code, 0
+// differing elements on one GPU, see MatchesReferenceAndStagedReplaysAndRepeats) instead of the
+// host reference, which would take minutes at this size.
+TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
+  constexpr uint64_t kSeed = 29;
+  constexpr int kTokens = 4096;
+  SCOPED_TRACE(::testing::Message() << "seed " << kSeed);
+  auto group = single_rank_group();
+  const MoeConfig c{1024, 512, 16, 4, GetParam(), Activation{}, false, 0, kTokens};
+  const auto experts = make_experts(c, kSeed);
+  auto backend = make_backend("mega", c, group.get());
+  for (int e = 0; e < backend->num_local_experts(); ++e) backend->load_expert(e, experts[e].weights);
+  backend->warmup(stream_);
+  EXPECT_TRUE(backend->last_phase_times().empty()) << "timing is off by default";
+
+  const RankInputs in = make_rank_inputs(kSeed, 0, kTokens, c.hidden, c.num_experts, c.top_k, 1, Routing::kUniform);
+  DeviceInputs dev(in, c.hidden, c.top_k);
+  const size_t out_bytes = static_cast<size_t>(in.tokens) * c.hidden * 2;
+  MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+  MoeOutputs outputs{dev.out_view()};
+  poison_device_buffer(dev.out, out_bytes, 0xFF, stream_);
+  backend->forward(inputs, outputs, stream_);
+  group->synchronize(stream_);
+  const std::vector<uint16_t> untimed = dev.download_out();
+  const std::vector<uint16_t> staged = run_backend_once("staged", *group, c, experts, in, stream_);
+  ASSERT_EQ(untimed.size(), staged.size());
+  size_t differing = 0, nonzero = 0;
+  for (size_t i = 0; i < untimed.size(); ++i) {
+    differing += untimed[i] != staged[i];
+    nonzero += (untimed[i] & 0x7FFF) != 0;
+  }
+  EXPECT_EQ(differing, 0u) << "mega vs staged";
+  EXPECT_GT(nonzero, untimed.size() / 2) << "the output is mostly zeros";
+
+  backend->set_phase_timing(true);
+  EXPECT_TRUE(backend->last_phase_times().empty()) << "no forward has run with timing on yet";
+  cudaEvent_t begin = nullptr, end = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&begin));
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&end));
+  const char* names[] = {"stage", "offsets", "pull", "gemm1", "gemm2", "combine_wait", "reduce"};
+  for (int iter = 0; iter < 3; ++iter) {
+    SCOPED_TRACE(::testing::Message() << "timed forward " << iter);
+    poison_device_buffer(dev.out, out_bytes, 0xFF, stream_);
+    MEGAMOE_CUDA_CHECK(cudaEventRecord(begin, stream_));
+    backend->forward(inputs, outputs, stream_);
+    MEGAMOE_CUDA_CHECK(cudaEventRecord(end, stream_));
+    const std::vector<MoeBackend::PhaseTime> phases = backend->last_phase_times();
+    MEGAMOE_CUDA_CHECK(cudaEventSynchronize(end));
+    float total_ms = 0;
+    MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&total_ms, begin, end));
+    const double total_us = 1e3 * total_ms;
+    ASSERT_EQ(phases.size(), 7u);
+    double sum_us = 0;
+    std::string line;
+    for (size_t p = 0; p < phases.size(); ++p) {
+      EXPECT_EQ(phases[p].phase, names[p]);
+      EXPECT_GE(phases[p].us, 0.0) << phases[p].phase;
+      EXPECT_GE(phases[p].cta_mean_us, 0.0) << phases[p].phase;
+      EXPECT_LE(phases[p].cta_mean_us, total_us) << phases[p].phase;
+      sum_us += phases[p].us;
+      line += " " + phases[p].phase + " " + std::to_string(phases[p].us) + " (mean " +
+              std::to_string(phases[p].cta_mean_us) + ")";
+    }
+    // Phases with real work in every forward take time; the ready wait (offsets) and the combine
+    // wait can be shorter than the timer's resolution on one GPU, so they are only >= 0.
+    for (size_t p : {0, 2, 3, 4, 6}) EXPECT_GT(phases[p].us, 0.0) << phases[p].phase;
+    EXPECT_GT(phases[3].us + phases[4].us, 0.3 * sum_us) << "the GEMMs are a large part of the forward";
+    std::printf("[mega phases] %s T=%d%s; sum %.1f us, forward %.1f us\n",
+                std::string(weight_format_name(c.weight_format)).c_str(), in.tokens, line.c_str(), sum_us, total_us);
+    // The phases span the earliest CTA start to the latest CTA end: inside the events' span, and
+    // most of it (the rest is launch latency).
+    EXPECT_LE(sum_us, total_us + 2.0);  // + 2 timer ticks of 1 us
+    EXPECT_GE(sum_us, 0.5 * total_us);
+    EXPECT_TRUE(dev.download_out() == untimed) << "the output changed with phase timing on";
+  }
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+
+  backend->set_phase_timing(false);
+  EXPECT_TRUE(backend->last_phase_times().empty()) << "timing switched off";
+  poison_device_buffer(dev.out, out_bytes, 0xFF, stream_);
+  backend->forward(inputs, outputs, stream_);
+  group->synchronize(stream_);
+  EXPECT_TRUE(dev.download_out() == untimed) << "timing switched off again";
+  backend->set_phase_timing(true);  // destroy() must free the buffer and the event
+  backend->destroy();
+  EXPECT_THROW(backend->set_phase_timing(false), Error);
+  group->destroy();
 }
 
 TEST_P(MegaSingle, RejectsUnsupportedConfigurationsWithReasons) {

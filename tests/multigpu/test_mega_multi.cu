@@ -63,6 +63,31 @@ TEST(MegaMulti, Bf16MatchesReferenceOnEveryRouting) {
   matches_reference_on_every_routing(rank, WeightFormat::kBf16);
 }
 
+// Many GEMM-2 tiles per CTA with rows bound for both ranks: H = 4096 (16 GEMM-2 n-tiles per m-tile),
+// ~512 rows per local expert (128-row tiles, ~17 m-tiles per rank), so most CTAs run two GEMM-2 tiles
+// whose bulk copies go to peer and local combine rows, with the pieces of the first counted after the
+// second (count_combine_pieces). mega == single-rank staged bit for bit, and the reference.
+void many_gemm2_tiles_per_cta(const LaunchedRank& rank, WeightFormat format) {
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  DeviceStream s(group->device());
+  LayerCase lc;
+  lc.config = MoeConfig{4096, 128, experts_for_ranks(8, rank.ranks), 2, format, Activation{}, false, 0, 1024};
+  lc.tokens_per_rank = spread_tokens(1024, 1000, rank.ranks);
+  lc.seed = 88;
+  BackendCaseOptions options;
+  options.compare_with = "staged";
+  options.compare_on_single_rank = true;
+  options.max_differing = 0;
+  run_backend_case("mega", *group, lc, s.stream, options);
+  group->destroy();
+}
+
+TEST(MegaMulti, ManyGemm2TilesPerCta) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  many_gemm2_tiles_per_cta(rank, WeightFormat::kFp8Block);
+  many_gemm2_tiles_per_cta(rank, WeightFormat::kBf16);
+}
+
 void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
