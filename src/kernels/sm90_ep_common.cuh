@@ -120,24 +120,38 @@ __device__ __forceinline__ uint4 quantize16_fp8(const uint4& lo, const uint4& hi
   return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
-// One warp reduces one token's top-k expert outputs in fixed slot order:
-//   acc = 0; for j in 0..k-1: if ids[j] >= 0: acc = fmaf(w_j, y_j, acc);  out = bf16_rn(acc)
-// with w_j = weights[j] (or 1 when apply_weights is false) and y_j = rows[j * H ...] (bf16).
-// NOTES: rows are read with ld.global.cg: peers wrote them over NVLink during this or the previous
-// kernel, and L2 is the point of coherence.
-__device__ __forceinline__ void reduce_topk_row(const __nv_bfloat16* rows, const int32_t* ids, const float* weights,
-                                                int k, int H, bool apply_weights, __nv_bfloat16* out, int lane) {
-  for (int c = lane; c < H / 8; c += 32) {
+// The mega kernel's top-k reduce of one (token, column segment): out = bf16_rn(fmaf chain over the
+// slots j in order with id >= 0: acc = fmaf(w_j, y_j, acc), acc starting at +0.0f), the loads of up to
+// 8 slots issued before their FMAs (session 7: one warp per token and one memory round trip per slot
+// and chunk took 910 us at 8192 tokens x 8 slots x 7168). Lane j < k holds slot j's id (< 0: skipped)
+// and weight (1 when the weights were applied in GEMM 1). rows: the token's [k, H] slot rows; chunks
+// [c_begin, c_end) of 8 BF16. Rows are read with ld.global.cg (written by peers during the kernel).
+__device__ __forceinline__ void reduce_topk_segment(const __nv_bfloat16* rows, int id_lane, float weight_lane, int k,
+                                                    int H, int c_begin, int c_end, __nv_bfloat16* out, int lane) {
+  constexpr int kBatch = 8;
+  const unsigned valid = __ballot_sync(0xffffffffu, lane < k && id_lane >= 0);
+  for (int c = c_begin + lane; c < c_end; c += 32) {
     float acc[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      if (ids[j] < 0) continue;
-      const float w = apply_weights ? weights[j] : 1.0f;
-      const uint4 raw = __ldcg(reinterpret_cast<const uint4*>(rows + static_cast<size_t>(j) * H) + c);
-      const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    for (int j0 = 0; j0 < k; j0 += kBatch) {
+      uint4 raw[kBatch];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, __bfloat162float(y[i]), acc[i]);
+      for (int u = 0; u < kBatch; ++u) {
+        const int j = j0 + u;
+        raw[u] = j < k && ((valid >> j) & 1u)
+                     ? __ldcg(reinterpret_cast<const uint4*>(rows + static_cast<size_t>(j) * H) + c)
+                     : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int j = j0 + u;
+        const float w = __shfl_sync(0xffffffffu, weight_lane, j & 31);  // all lanes: shfl before the skip
+        if (j >= k || !((valid >> j) & 1u)) continue;
+        const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&raw[u]);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, __bfloat162float(y[i]), acc[i]);
+      }
     }
     uint4 packed;
     __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&packed);

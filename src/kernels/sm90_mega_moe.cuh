@@ -560,7 +560,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const int n_block = t.n_tile * 2 + math_wg;
           const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
           fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.grouped_scales, b_scales, k1_blocks, 0,
-                                          math_wg, cursor);
+                                          math_wg, cursor, active_sub_tiles(t.m_end - t.m0, 0, Layout::kSubTiles));
           swiglu_quant_fp8_epilogue<Layout, true, kBulkActRows>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
                                                                 topk_weights, p.act, p.act_scales, p.activation, p.limit,
                                                                 p.alpha);
@@ -596,7 +596,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const int n_block = t.n_tile * 2 + math_wg;
           const float* b_scales = p.w2_scales + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
           fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.act_scales, b_scales, k2_blocks, 0,
-                                          math_wg, cursor);
+                                          math_wg, cursor, active_sub_tiles(t.m_end - t.m0, 0, Layout::kSubTiles));
         } else {
           bf16_tile_mainloop<Layout>(accumulator, smem, k2_blocks, 0, math_wg, cursor);
         }
@@ -638,10 +638,27 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
     const __nv_bfloat16* rows = p.region<__nv_bfloat16>(me, p.layout.combine_rows);
     const int32_t* ids = p.region<int32_t>(me, p.layout.src_ids);
     const float* weights = p.region<float>(me, p.layout.src_weights);
-    for (int t = warp_global; t < p.num_tokens; t += gridDim.x * math_warps)
-      reduce_topk_row(rows + static_cast<size_t>(t) * k * H, ids + static_cast<size_t>(t) * k,
-                      weights + static_cast<size_t>(t) * k, k, H, !p.apply_topk_in_fc1,
-                      p.out + static_cast<size_t>(t) * H, lane);
+    // Work items (token, column segment): at least ~2 per math warp of the grid when tokens are few
+    // (128 tokens x 7168 on 1056 warps: one warp per token took ~100 us of memory round trips), whole
+    // rows when they are many; a segment is a multiple of 32 chunks of 8 channels.
+    const int chunks = H / 8, warps = gridDim.x * math_warps;
+    const int max_segments = max(1, chunks / 32);
+    const int segments = p.num_tokens > 0 ? min(max_segments, max(1, (2 * warps + p.num_tokens - 1) / p.num_tokens)) : 1;
+    const int segment_chunks = ((chunks + segments - 1) / segments + 31) / 32 * 32;
+    const int64_t items = static_cast<int64_t>(p.num_tokens) * segments;
+    for (int64_t item = warp_global; item < items; item += warps) {
+      const int t = static_cast<int>(item / segments), segment = static_cast<int>(item % segments);
+      const int c_begin = segment * segment_chunks, c_end = min(chunks, c_begin + segment_chunks);
+      if (c_begin >= c_end) continue;
+      int id_lane = -1;
+      float weight_lane = 1.0f;
+      if (lane < k) {
+        id_lane = __ldcg(ids + static_cast<size_t>(t) * k + lane);
+        if (!p.apply_topk_in_fc1) weight_lane = __ldcg(weights + static_cast<size_t>(t) * k + lane);
+      }
+      reduce_topk_segment(rows + static_cast<size_t>(t) * k * H, id_lane, weight_lane, k, H, c_begin, c_end,
+                          p.out + static_cast<size_t>(t) * H, lane);
+    }
   }
 
   // ---- 6: the last CTA resets every counter of this forward ------------------------------------------
