@@ -1,5 +1,6 @@
 // EpDispatcher: the typed, validating layer over the dispatch/combine kernels.
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/sm90_combine.cuh"
 #include "kernels/sm90_dispatch.cuh"
@@ -7,6 +8,22 @@
 #include "megamoe/error_cuda.h"
 
 namespace megamoe {
+namespace {
+
+// Depth of the combine-send load ring (items in flight per lane): env MEGAMOE_EP_COMBINE_STAGES in
+// {4, 8, 12}, default 8 (a tuning knob for A/B runs; every depth gives bit-identical results).
+int combine_send_stages() {
+  static const int stages = [] {
+    const char* v = std::getenv("MEGAMOE_EP_COMBINE_STAGES");
+    if (!v || !*v) return 8;
+    const int n = std::atoi(v);
+    MEGAMOE_CHECK(n == 4 || n == 8 || n == 12, "MEGAMOE_EP_COMBINE_STAGES = '", v, "' must be 4, 8 or 12");
+    return n;
+  }();
+  return stages;
+}
+
+}  // namespace
 
 struct EpDispatcher::Impl {
   EpGroup* group = nullptr;
@@ -69,6 +86,10 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   p.capacity = c.max_tokens_per_rank;
   p.fp8 = c.payload == EpPayload::kFp8;
   p.epoch = static_cast<uint64_t*>(m.device_alloc(sizeof(uint64_t)));
+  p.layout_fill = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * c.num_experts));
+  p.layout_counters = static_cast<uint32_t*>(m.device_alloc(sizeof(uint32_t) * 2));
+  p.layout_tile_slots = static_cast<uint64_t*>(m.device_alloc(
+      sizeof(uint64_t) * kMaxEpRanks * ((C + kernels::kEpLayoutTileTokens - 1) / kernels::kEpLayoutTileTokens)));
   p.token_dest_slot = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * C * R));
   p.send_count = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * kMaxEpRanks));
   p.send_expert_counts = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * c.num_experts));
@@ -146,7 +167,8 @@ void EpDispatcher::combine(const void* expert_out, const TensorView& out, Stream
   p.expert_out = static_cast<const __nv_bfloat16*>(expert_out);
   p.out = static_cast<__nv_bfloat16*>(out.data);
   p.apply_weights = apply_weights;
-  kernels::launch_ep_combine(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() + 4 : nullptr);
+  kernels::launch_ep_combine(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() + 4 : nullptr,
+                             combine_send_stages());
 }
 
 EpDispatcher::Traffic EpDispatcher::last_remote_traffic(StreamHandle stream) const {

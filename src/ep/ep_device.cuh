@@ -34,6 +34,18 @@ __device__ __forceinline__ void add_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Device-scope (one GPU) word exchange between blocks of one kernel: a 64-bit store is single-copy
+// atomic, so a word carrying (tag, value) needs no separate flag or fence.
+__device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_relaxed_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ bool group_failed(const EpDeviceContext& ctx) {
   return *reinterpret_cast<volatile int*>(ctx.failed) != 0;
 }

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/sm90_ep_common.cuh"
 #include "megamoe/error_cuda.h"
 
@@ -35,92 +37,168 @@ __device__ inline int block_exclusive_scan(int value, int* scratch, int* total) 
   return result;
 }
 
-// One block. Validates ids, assigns every (token, destination rank) a slot in the destination's
-// receive block and every valid (token, slot) a position among this rank's rows of its expert, saves
-// ids/weights for combine, bumps the epoch.
-// NOTES:
-// - Tokens go in tiles of kEpLayoutThreads, thread i owning token tile + i (coalesced; all k ids of a
-//   token are loaded before anything is stored, so the loads overlap). Receive slots follow token
-//   order: slot = slots of earlier tiles + earlier warps of this tile (one warp scan per rank) +
-//   earlier lanes of this warp (ballot + popc). Deterministic.
-// - Positions inside an expert come from shared-memory atomics, so the row order inside an expert
-//   is unspecified (results never depend on it: every grouped row is computed independently).
-__global__ void __launch_bounds__(kEpLayoutThreads) ep_layout_kernel(EpParams p) {
-  static_assert(kEpLayoutThreads == 32 * 32, "the per-tile warp scan assumes 32 warps");
-  if (ep_device::group_failed(p.ctx)) return;
-  extern __shared__ int expert_fill[];                  // [E]
-  __shared__ int warp_slot_base[kMaxEpRanks][32];       // per tile: first slot of (rank, warp)
-  __shared__ int rank_slots[kMaxEpRanks];               // slots assigned by earlier tiles
-  const int T = p.num_tokens, R = p.ctx.ranks, k = p.top_k, E = p.num_experts;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) expert_fill[e] = 0;
-  if (threadIdx.x < kMaxEpRanks) rank_slots[threadIdx.x] = 0;
-  __syncthreads();
-  for (int tile = 0; tile < T; tile += blockDim.x) {
-    const int t = tile + static_cast<int>(threadIdx.x);
-    unsigned mask = 0;
-    if (t < T) {
-      for (int j0 = 0; j0 < k; j0 += 8) {
-        int ids[8];
-        float weights[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u)
-          if (j0 + u < k) {
-            ids[u] = __ldg(p.topk_ids + static_cast<size_t>(t) * k + j0 + u);
-            weights[u] = __ldg(p.topk_weights + static_cast<size_t>(t) * k + j0 + u);
-          }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          if (j0 + u >= k) break;
-          const size_t at = static_cast<size_t>(t) * k + j0 + u;
-          int id = ids[u];
-          if (id < -1 || id >= E) {
-            ep_device::record_error(p.ctx, 2u, EpPhase::kInvalidInput, id, 0, /*fail_group=*/false);
-            id = -1;
-          }
-          p.saved_ids[at] = id;
-          p.saved_weights[at] = weights[u];
-          if (id >= 0) {
-            mask |= 1u << (id / p.experts_per_rank);
-            p.slot_pos[at] = atomicAdd(expert_fill + id, 1);
-          }
+// Waits (bounded, like every EP wait) for an earlier layout tile's published word of this call.
+__device__ inline bool wait_for_tile_slots(const EpDeviceContext& ctx, const uint64_t* word, uint32_t tag,
+                                           uint64_t* value) {
+  uint64_t v = ep_device::load_relaxed_gpu(word);
+  if (static_cast<uint32_t>(v >> 32) != tag) {
+    const uint64_t start = ep_device::globaltimer_ns();
+    uint32_t polls = 0;
+    while (static_cast<uint32_t>((v = ep_device::load_relaxed_gpu(word)) >> 32) != tag) {
+      if ((++polls & 63u) == 0) {
+        const uint64_t waited = ep_device::globaltimer_ns() - start;
+        if (ep_device::group_failed(ctx)) return false;
+        if (waited > ctx.wait_timeout_ns) {
+          ep_device::record_error(ctx, 1u, EpPhase::kDispatch, ctx.rank, waited);
+          return false;
         }
       }
     }
-    int in_warp[kMaxEpRanks];  // slots of earlier lanes of this warp, per rank
-#pragma unroll
-    for (int r = 0; r < kMaxEpRanks; ++r) {
-      in_warp[r] = 0;
-      if (r < R) {
-        const unsigned bits = __ballot_sync(0xffffffffu, (mask >> r) & 1u);
-        in_warp[r] = __popc(bits & ((1u << lane) - 1u));
-        if (lane == 0) warp_slot_base[r][warp] = __popc(bits);
-      }
-    }
-    __syncthreads();
-    if (warp < R) {  // warp r: exclusive scan of rank r's per-warp counts, offset by earlier tiles
-      const int count = warp_slot_base[warp][lane];
-      int inclusive = count;
-      for (int d = 1; d < 32; d <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, inclusive, d);
-        if (lane >= d) inclusive += v;
-      }
-      const int before = rank_slots[warp];
-      warp_slot_base[warp][lane] = before + inclusive - count;
-      __syncwarp();
-      if (lane == 31) rank_slots[warp] = before + inclusive;
-    }
-    __syncthreads();
-    if (t < T) {
-#pragma unroll
-      for (int r = 0; r < kMaxEpRanks; ++r)
-        if (r < R) p.token_dest_slot[t * R + r] = ((mask >> r) & 1u) ? warp_slot_base[r][warp] + in_warp[r] : -1;
-    }
-    __syncthreads();  // warp_slot_base is rewritten by the next tile
   }
-  if (threadIdx.x < R) p.send_count[threadIdx.x] = rank_slots[threadIdx.x];
-  for (int e = threadIdx.x; e < E; e += blockDim.x) p.send_expert_counts[e] = expert_fill[e];
+  *value = v;
+  return true;
+}
+
+// Grid ceil(T / kEpLayoutTileTokens) (at least 1) x kEpLayoutTileTokens, dynamic shared memory 4 * E.
+// Validates ids, assigns every (token, destination rank) a slot in the destination's receive block
+// and every valid (token, slot) a position among this rank's rows of its expert, saves ids/weights
+// for combine, bumps the epoch. One tile of kEpLayoutTileTokens tokens per block.
+// NOTES:
+// - Tiles are taken in order from a ticket counter (not blockIdx), so a block only ever waits for
+//   tiles whose blocks are already running: no deadlock whatever the scheduling order.
+// - Receive slots follow token order (deterministic): slot = slots of earlier tiles (look-back over
+//   their published per-rank counts) + earlier warps of this tile + earlier lanes of this warp
+//   (ballot + popc). A tile publishes its counts as one 64-bit word (epoch tag << 32 | count) as
+//   soon as it has them, so every block waits for its predecessors' counts, never for their ends,
+//   and the words need no reset between calls.
+// - Positions inside an expert: a block counts its tile's rows per expert (shared atomics), takes
+//   a base with ONE global atomicAdd per (tile, expert) on layout_fill, then hands out base + local
+//   index (shared atomics). The row order inside an expert is therefore unspecified (results never
+//   depend on it: every grouped row is computed independently); the positions of an expert are
+//   exactly 0..count-1.
+// - The last block to finish (done counter) copies layout_fill to send_expert_counts and zeroes it,
+//   resets the ticket/done counters and bumps the epoch: the scratch is zero again for the next call
+//   (and for a graph replay).
+// - All id/weight loads and saved_* / slot_pos stores are flat over the tile's [tokens, k] block, so
+//   coalesced (the one-block version was bound by one SM storing 32 strided sectors per warp store).
+__global__ void __launch_bounds__(kEpLayoutTileTokens) ep_layout_kernel(EpParams p) {
+  constexpr int kWarps = kEpLayoutTileTokens / 32;
+  if (ep_device::group_failed(p.ctx)) return;
+  extern __shared__ int expert_base[];                 // [E]: tile's rows per expert, then next position
+  __shared__ unsigned token_ranks[kEpLayoutTileTokens];  // destination-rank bit mask per token of the tile
+  __shared__ int warp_slot_base[kMaxEpRanks][kWarps];  // per rank: slots of earlier warps of this tile
+  __shared__ int earlier_tiles[kMaxEpRanks];           // per rank: slots of earlier tiles
+  __shared__ int tile_slots[kMaxEpRanks];              // per rank: slots of this tile
+  __shared__ int shared_tile;
+  __shared__ uint32_t shared_tag;
+  __shared__ int is_last;
+  const int T = p.num_tokens, R = p.ctx.ranks, k = p.top_k, E = p.num_experts, El = p.experts_per_rank;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
+    shared_tile = static_cast<int>(atomicAdd(p.layout_counters + 0, 1u));
+    shared_tag = static_cast<uint32_t>(*reinterpret_cast<volatile uint64_t*>(p.epoch) + 1);
+  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x) expert_base[e] = 0;
+  token_ranks[threadIdx.x] = 0;
+  if (threadIdx.x < kMaxEpRanks) earlier_tiles[threadIdx.x] = 0;
+  __syncthreads();
+  const int tile = shared_tile;
+  const uint32_t tag = shared_tag;
+  if (tile >= static_cast<int>(gridDim.x)) {  // scratch left dirty by an aborted call: never expected
+    if (threadIdx.x == 0) ep_device::record_error(p.ctx, 1u, EpPhase::kDispatch, p.ctx.rank, 0);
+    return;
+  }
+  const int first_token = tile * kEpLayoutTileTokens;
+  const int tokens = max(0, min(T - first_token, kEpLayoutTileTokens));
+  const size_t first = static_cast<size_t>(first_token) * k;
+  const int elems = tokens * k;
+
+  // Pass 1: validate + save, count rows per expert, mark destination ranks per token.
+  for (int i = threadIdx.x; i < elems; i += blockDim.x) {
+    int id = __ldg(p.topk_ids + first + i);
+    const float w = __ldg(p.topk_weights + first + i);
+    if (id < -1 || id >= E) {
+      ep_device::record_error(p.ctx, 2u, EpPhase::kInvalidInput, id, 0, /*fail_group=*/false);
+      id = -1;
+    }
+    p.saved_ids[first + i] = id;
+    p.saved_weights[first + i] = w;
+    if (id >= 0) {
+      atomicAdd(expert_base + id, 1);
+      atomicOr(token_ranks + i / k, 1u << (id / El));
+    }
+  }
+  __syncthreads();
+
+  // Per-rank slots inside the tile (token order); publish the tile's counts at once.
+  const unsigned mask = token_ranks[threadIdx.x];
+  int in_warp[kMaxEpRanks];  // slots of earlier lanes of this warp, per rank
+#pragma unroll
+  for (int r = 0; r < kMaxEpRanks; ++r) {
+    in_warp[r] = 0;
+    if (r < R) {
+      const unsigned bits = __ballot_sync(0xffffffffu, (mask >> r) & 1u);
+      in_warp[r] = __popc(bits & ((1u << lane) - 1u));
+      if (lane == 0) warp_slot_base[r][warp] = __popc(bits);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    int total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int count = warp_slot_base[r][w];
+      warp_slot_base[r][w] = total;
+      total += count;
+    }
+    tile_slots[r] = total;
+    ep_device::store_relaxed_gpu(p.layout_tile_slots + static_cast<size_t>(tile) * kMaxEpRanks + r,
+                                 static_cast<uint64_t>(tag) << 32 | static_cast<uint32_t>(total));
+  }
+
+  // This tile's first position per expert (one global atomic per (tile, expert)), then positions.
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int count = expert_base[e];
+    if (count) expert_base[e] = atomicAdd(p.layout_fill + e, count);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < elems; i += blockDim.x) {
+    const int id = p.saved_ids[first + i];  // this thread's own store of pass 1
+    if (id >= 0) p.slot_pos[first + i] = atomicAdd(expert_base + id, 1);
+  }
+
+  // Look-back: slots of all earlier tiles (their blocks hold lower tickets, so they run).
+  for (int x = threadIdx.x; x < tile * R; x += blockDim.x) {
+    const int r = x % R;
+    const uint64_t* word = p.layout_tile_slots + static_cast<size_t>(x / R) * kMaxEpRanks + r;
+    uint64_t v = 0;
+    if (!wait_for_tile_slots(p.ctx, word, tag, &v)) break;  // only after a failure: the group is dead
+    atomicAdd(earlier_tiles + r, static_cast<int>(static_cast<uint32_t>(v)));
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < tokens) {
+    const int t = first_token + threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < kMaxEpRanks; ++r)
+      if (r < R)
+        p.token_dest_slot[t * R + r] =
+            ((mask >> r) & 1u) ? earlier_tiles[r] + warp_slot_base[r][warp] + in_warp[r] : -1;
+  }
+  if (tile == static_cast<int>(gridDim.x) - 1 && threadIdx.x < R)
+    p.send_count[threadIdx.x] = earlier_tiles[threadIdx.x] + tile_slots[threadIdx.x];
+
+  // The last block to finish publishes the per-expert totals and leaves the scratch zeroed.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(p.layout_counters + 1, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) p.send_expert_counts[e] = atomicExch(p.layout_fill + e, 0);
+  if (threadIdx.x == 0) {
+    p.layout_counters[0] = 0;
+    p.layout_counters[1] = 0;
     *p.epoch += 1;
     p.traffic[1] = 0;  // combine's remote row counter
   }
@@ -280,6 +358,13 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
     const int n = static_cast<int>(recv_count[s]);
     for (int i = warp_global; i < n; i += warps) {
       const size_t row = static_cast<size_t>(s) * p.capacity + i;
+      const uint4* src = reinterpret_cast<const uint4*>(p.region<uint8_t>(me, p.layout.recv_x) + row * row_bytes);
+      uint4 v[kBatch];  // the first batch is loaded before the row's metadata: the two latencies overlap
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = u * 32 + lane;
+        if (c < words) v[u] = src[c];
+      }
       int dst = -1;
       if (lane < k) {
         const int e = p.region<int32_t>(me, p.layout.recv_ids)[row * k + lane] - first;
@@ -295,13 +380,13 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
         }
       }
       const unsigned targets = __ballot_sync(0xffffffffu, dst >= 0);
-      const uint4* src = reinterpret_cast<const uint4*>(p.region<uint8_t>(me, p.layout.recv_x) + row * row_bytes);
       for (int w0 = 0; w0 < words; w0 += 32 * kBatch) {
-        uint4 v[kBatch];
+        if (w0 > 0) {
 #pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int c = w0 + u * 32 + lane;
-          if (c < words) v[u] = src[c];
+          for (int u = 0; u < kBatch; ++u) {
+            const int c = w0 + u * 32 + lane;
+            if (c < words) v[u] = src[c];
+          }
         }
         for (unsigned rest = targets; rest; rest &= rest - 1) {
           const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
@@ -332,7 +417,8 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
 inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream, const cudaEvent_t* marks = nullptr) {
   const size_t expert_table_bytes = sizeof(int) * static_cast<size_t>(p.num_experts);  // E = R * El
   if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[0], stream));
-  ep_layout_kernel<<<1, kEpLayoutThreads, expert_table_bytes, stream>>>(p);
+  const int layout_tiles = std::max(1, (p.num_tokens + kEpLayoutTileTokens - 1) / kEpLayoutTileTokens);
+  ep_layout_kernel<<<layout_tiles, kEpLayoutTileTokens, expert_table_bytes, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();
   if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[1], stream));
   ep_dispatch_send_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, 0, stream>>>(p);

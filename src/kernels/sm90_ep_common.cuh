@@ -20,7 +20,7 @@ inline constexpr int kEpCombineBlocks = 256;  // combine send is read-bound: 2 b
 inline constexpr int kEpReceiveBlocks = 256;  // receive side only (not counted by peers)
 inline constexpr int kEpMaxExperts = 8192;    // layout/receive keep 4 * E bytes of shared memory
 inline constexpr int kEpWarpsPerBlock = 16;
-inline constexpr int kEpLayoutThreads = 1024;
+inline constexpr int kEpLayoutTileTokens = 256;  // tokens per layout block (= its threads)
 inline constexpr int kEpScaleGroup = 128;  // FP8 activation scales: one per token per 128 channels
 
 // Byte offsets of the regions of one rank's dispatch window (identical on every rank).
@@ -173,6 +173,10 @@ struct EpParams {
   const float* topk_weights;
   // local state
   uint64_t* epoch;          // calls so far (incremented by the layout kernel)
+  // layout scratch, zero at allocation and left zero by every completed layout kernel:
+  int32_t* layout_fill;          // [E]: (token, slot) pairs per global expert handed out so far
+  uint32_t* layout_counters;     // [2]: tile tickets taken, blocks done
+  uint64_t* layout_tile_slots;   // [ceil(C / kEpLayoutTileTokens), kMaxEpRanks]: tag << 32 | tile's slots
   int32_t* token_dest_slot; // [C, R]: slot of token t in rank r's receive block, -1 = not sent
   int32_t* send_count;      // [R]
   int32_t* send_expert_counts;  // [E]: this rank's (token, slot) pairs per global expert
