@@ -126,6 +126,8 @@ __device__ __forceinline__ uint4 quantize16_fp8(const uint4& lo, const uint4& hi
 // and chunk took 910 us at 8192 tokens x 8 slots x 7168). Lane j < k holds slot j's id (< 0: skipped)
 // and weight (1 when the weights were applied in GEMM 1). rows: the token's [k, H] slot rows; chunks
 // [c_begin, c_end) of 8 BF16. Rows are read with ld.global.cg (written by peers during the kernel).
+// NOTES: the __shfl_sync inside the chunk loop needs all 32 lanes there: c_end - c_begin must be a
+// multiple of 32 (the caller's segments are multiples of 32 chunks and mega requires H % 256 == 0).
 __device__ __forceinline__ void reduce_topk_segment(const __nv_bfloat16* rows, int id_lane, float weight_lane, int k,
                                                     int H, int c_begin, int c_end, __nv_bfloat16* out, int lane) {
   constexpr int kBatch = 8;
