@@ -48,12 +48,7 @@ inline int test_launch_timeout_s() {
 // In the parent: re-runs the current test in `ranks` processes and returns true (the parent is done).
 // In a launched rank: returns false and fills `rank`.
 inline bool spawn_ranks_if_parent(int ranks, LaunchedRank* rank) {
-  if (launched_rank_from_env(rank)) {
-    // Line-buffered: a rank that hangs and is killed still shows how far it got (fully buffered output
-    // to the parent's pipe was lost that way, session 7).
-    std::setvbuf(stdout, nullptr, _IOLBF, 0);
-    return false;
-  }
+  if (launched_rank_from_env(rank)) return false;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::string filter = std::string("--gtest_filter=") + info->test_suite_name() + "." + info->name();
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
