@@ -160,6 +160,11 @@ struct MegaMoeParams {
   // Phase timing (MegaBackend::set_phase_timing): null when off (the kernel then reads no timer and
   // writes nothing extra); else [gridDim.x, kMegaPhaseStamps] globaltimer stamps, see mega_phase_times.h.
   uint64_t* phase_stamps;
+  // Diagnostic (MEGAMOE_MEGA_DIAG_LOCAL_COMBINE=1, timing only, OUTPUT WRONG BY DESIGN): GEMM 2 writes
+  // every combine row into this rank's own window instead of the source rank's, so no row crosses
+  // NVLink; piece counts still go to the source. Tells NVLink volume from TMA-store contention
+  // (docs/mega.md "Where mega loses to staged").
+  int diag_local_combine;
 
   template <typename T>
   __device__ __forceinline__ T* region(int rank, size_t offset) const {
@@ -606,7 +611,8 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
             accumulator, smem.bf16_staging + math_wg * Layout::kStagingRowsValue * kBf16StagingPitch, t.m0, t.m_end,
             t.n_tile * kBlockN + math_wg * 128, [&](int row) {
               const int4 raw = __ldcg(reinterpret_cast<const int4*>(p.sources + row));  // RowSource {rank, token, slot, w}
-              return p.region<__nv_bfloat16>(raw.x, p.layout.combine_rows) + (static_cast<size_t>(raw.y) * k + raw.z) * H;
+              const int rank = p.diag_local_combine ? me : raw.x;
+              return p.region<__nv_bfloat16>(rank, p.layout.combine_rows) + (static_cast<size_t>(raw.y) * k + raw.z) * H;
             });
         // The previous GEMM-2 tile's copies have had this tile's mainloop to drain: count its pieces now,
         // leaving this tile's copies in flight (NOTES: deferred piece counts).

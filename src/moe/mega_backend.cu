@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -170,6 +172,12 @@ class MegaBackend final : public MoeBackend {
     p.limit = config.activation.limit;
     p.alpha = config.activation.alpha;
     p.apply_topk_in_fc1 = config.apply_topk_in_fc1;
+    p.diag_local_combine = [] {  // MegaMoeParams NOTES: a timing diagnostic, wrong output
+      const char* v = std::getenv("MEGAMOE_MEGA_DIAG_LOCAL_COMBINE");
+      return v != nullptr && std::string(v) == "1" ? 1 : 0;
+    }();
+    if (p.diag_local_combine)
+      std::fprintf(stderr, "megamoe: MEGAMOE_MEGA_DIAG_LOCAL_COMBINE=1: mega combine rows stay local, OUTPUT IS WRONG\n");
     p.w13_scales = w13_scales_;
     p.w2_scales = w2_scales_;
     MEGAMOE_CHECK(p.max_rows == max_rows, "mega workspace region has ", p.max_rows, " rows, expected ", max_rows);
