@@ -29,6 +29,18 @@ using testing::e4m3_decode;
 using testing::e4m3_encode;
 
 constexpr int kLeadingPadRows = 5, kTrailingPadRows = 7;
+// Padding rows around the experts of make_problem; NoPadding makes offsets[0] = 0 and offsets[E] =
+// capacity (a receive buffer filled exactly, as the staged backend's is when every token of a full
+// batch lands on one rank).
+struct ProblemPadding {
+  int leading = kLeadingPadRows, trailing = kTrailingPadRows;
+};
+ProblemPadding g_padding;
+struct NoPadding {
+  ProblemPadding saved = g_padding;
+  NoPadding() { g_padding = ProblemPadding{0, 0}; }
+  ~NoPadding() { g_padding = saved; }
+};
 
 // Rows of all experts, contiguous, between poisoned padding rows that belong to no expert.
 struct Problem {
@@ -46,9 +58,9 @@ Problem make_problem(const std::vector<int>& counts, int n, int k, uint64_t seed
   p.experts = static_cast<int>(counts.size());
   p.n = n;
   p.k = k;
-  p.offsets.push_back(kLeadingPadRows);
+  p.offsets.push_back(g_padding.leading);
   for (int c : counts) p.offsets.push_back(p.offsets.back() + c);
-  p.capacity = p.offsets.back() + kTrailingPadRows;
+  p.capacity = p.offsets.back() + g_padding.trailing;
   std::mt19937_64 rng(seed);
   if (small_integers) {
     // Integers in [-4, 4] (exact in E4M3) with power-of-two scales: every product and every partial
@@ -215,6 +227,24 @@ TEST(GroupedGemmFp8, PlainSplitMRandomShapes) {
 TEST(GroupedGemmFp8, PlainSplitNSmallGroups) {
   MEGAMOE_REQUIRE_GPUS(1);
   run_plain({8, 0, 1, 17, 64, 33}, 512, 384, 99, 16, false);
+}
+
+// Session 7: MegaMulti.ManyGemm2TilesPerCta hung with the staged rows hint on; its single-rank staged
+// reference on rank 0 ran exactly these GEMMs (H 4096, I 128, 16 experts, 2048 rows = the whole receive
+// buffer): GEMM 1 in 64 x 256 tiles (hint 128), GEMM 2 in 128 x 128 tiles with ONE k-block. No other
+// test fills the buffer to the last row (make_problem pads it). Both hints, several row splits.
+std::vector<int> uniform_counts(int experts, int rows, uint64_t seed) {
+  std::vector<int> counts(experts, 0);
+  std::mt19937_64 rng(seed);
+  for (int r = 0; r < rows; ++r) ++counts[rng() % experts];
+  return counts;
+}
+
+TEST(GroupedGemmFp8, PlainFullBufferOneKBlock) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const NoPadding no_padding;
+  for (uint64_t seed = 0; seed < 2; ++seed)
+    for (int hint : {128, 0}) run_plain(uniform_counts(16, 2048, 70 + seed), 4096, 128, 700 + seed, hint, false);
 }
 
 TEST(GroupedGemmFp8, PlainDeepK) {
@@ -624,6 +654,15 @@ TEST(GroupedGemmFp8, Gemm1ExactInputsMatchDeviceArithmetic) {
   run_gemm1({0, 1, 70, 63, 130, 129}, 512, 384, 42, Activation{}, true, true, 8, Fp8GemmSchedule::kAuto, false);
   run_gemm1({64, 1, 0, 257, 5}, 384, 256, 43, clamped, true, true, 0, Fp8GemmSchedule::kAuto, false);
   run_gemm1({64, 1, 0, 257, 5}, 384, 256, 44, clamped, false, true, 8, Fp8GemmSchedule::kAuto, false);
+}
+
+TEST(GroupedGemmFp8, Gemm1FullBufferSmallTiles) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const NoPadding no_padding;
+  for (uint64_t seed = 0; seed < 1; ++seed)
+    for (int hint : {128, 0})
+      run_gemm1(uniform_counts(16, 2048, 80 + seed), 4096, 128, 800 + seed, Activation{}, false, false, hint,
+                Fp8GemmSchedule::kAuto, false);
 }
 
 TEST(GroupedGemmFp8, Gemm1SiluTopk) {
