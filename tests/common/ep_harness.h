@@ -731,6 +731,32 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   return got;
 }
 
+// One forward with phase timing on (MoeBackend::set_phase_timing(true) already called): the output
+// poisoned first, CUDA events around the launch; returns the backend's phases and the events' span.
+struct TimedForward {
+  std::vector<MoeBackend::PhaseTime> phases;
+  double total_us = 0;
+};
+inline TimedForward timed_forward(MoeBackend& backend, const MoeInputs& inputs, MoeOutputs& outputs, void* out,
+                                  size_t out_bytes, cudaStream_t stream) {
+  cudaEvent_t begin = nullptr, end = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&begin));
+  MEGAMOE_CUDA_CHECK(cudaEventCreate(&end));
+  poison_device_buffer(out, out_bytes, 0xFF, stream);
+  MEGAMOE_CUDA_CHECK(cudaEventRecord(begin, stream));
+  backend.forward(inputs, outputs, stream);
+  MEGAMOE_CUDA_CHECK(cudaEventRecord(end, stream));
+  TimedForward result;
+  result.phases = backend.last_phase_times();
+  MEGAMOE_CUDA_CHECK(cudaEventSynchronize(end));
+  float total_ms = 0;
+  MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&total_ms, begin, end));
+  result.total_us = 1e3 * total_ms;
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return result;
+}
+
 // The staged backend: run_backend_case with an optional graph replay.
 inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t stream, bool graph_replay) {
   BackendCaseOptions options;

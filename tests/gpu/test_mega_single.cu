@@ -177,21 +177,12 @@ TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
 
   backend->set_phase_timing(true);
   EXPECT_TRUE(backend->last_phase_times().empty()) << "no forward has run with timing on yet";
-  cudaEvent_t begin = nullptr, end = nullptr;
-  MEGAMOE_CUDA_CHECK(cudaEventCreate(&begin));
-  MEGAMOE_CUDA_CHECK(cudaEventCreate(&end));
   const char* names[] = {"stage", "offsets", "pull", "gemm1", "gemm2", "combine_wait", "reduce"};
   for (int iter = 0; iter < 3; ++iter) {
     SCOPED_TRACE(::testing::Message() << "timed forward " << iter);
-    poison_device_buffer(dev.out, out_bytes, 0xFF, stream_);
-    MEGAMOE_CUDA_CHECK(cudaEventRecord(begin, stream_));
-    backend->forward(inputs, outputs, stream_);
-    MEGAMOE_CUDA_CHECK(cudaEventRecord(end, stream_));
-    const std::vector<MoeBackend::PhaseTime> phases = backend->last_phase_times();
-    MEGAMOE_CUDA_CHECK(cudaEventSynchronize(end));
-    float total_ms = 0;
-    MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&total_ms, begin, end));
-    const double total_us = 1e3 * total_ms;
+    const TimedForward timed = timed_forward(*backend, inputs, outputs, dev.out, out_bytes, stream_);
+    const std::vector<MoeBackend::PhaseTime>& phases = timed.phases;
+    const double total_us = timed.total_us;
     ASSERT_EQ(phases.size(), 7u);
     double sum_us = 0;
     std::string line;
@@ -216,8 +207,6 @@ TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
     EXPECT_GE(sum_us, 0.5 * total_us);
     EXPECT_TRUE(dev.download_out() == untimed) << "the output changed with phase timing on";
   }
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
 
   backend->set_phase_timing(false);
   EXPECT_TRUE(backend->last_phase_times().empty()) << "timing switched off";
