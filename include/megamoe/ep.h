@@ -85,8 +85,10 @@ class EpGroup {
   // current CUDA device of the communicator's rank.
   static std::unique_ptr<EpGroup> from_nccl(ncclComm_t comm, int device, EpOptions options = {});
   // Creates the communicator: rank 0 writes the NCCL unique id to `rendezvous` ("file:<path>" or a
-  // plain path; written atomically), the others wait for it (bounded). Device = rank % devices
-  // unless `device` >= 0.
+  // plain path; written atomically, as "<path>.<n>" for this process's n-th bootstrap on that path, so
+  // successive groups of the same ranks never read a stale id), the others wait for it (bounded).
+  // Every rank must make the same sequence of bootstrap calls. Device = rank % devices unless
+  // `device` >= 0.
   static std::unique_ptr<EpGroup> bootstrap(int rank, int ranks, const std::string& rendezvous,
                                             int device = -1, EpOptions options = {});
   ~EpGroup();

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "ep/ep_device.cuh"
@@ -67,6 +69,22 @@ uint64_t timeout_from_env(uint64_t requested) {
 std::string rendezvous_path(const std::string& rendezvous) {
   const std::string prefix = "file:";
   return rendezvous.rfind(prefix, 0) == 0 ? rendezvous.substr(prefix.size()) : rendezvous;
+}
+
+// The file of this process's n-th bootstrap on `path`: path + ".<n>".
+// NOTES: one rendezvous string serves every group a set of ranks creates (a test that bootstraps once
+// per weight format, an engine that rebuilds its group). With a single file, a rank that reaches its
+// second bootstrap before rank 0 has rewritten the file read the FIRST group's id and connected to a
+// root that no longer listened: ncclCommInitRank hung (or failed "Connection refused" after its
+// retries) whenever the ranks' timing differed (session 8: MegaMulti.ManyGemm2TilesPerCta, its BF16
+// half, after the FP8 half passed on both ranks). Every rank runs the same sequence of bootstraps, so
+// a per-process generation counter names the same file on every rank; rank 0 also removes the file
+// once the communicator exists (every rank has read it by then: ncclCommInitRank needs them all).
+std::string rendezvous_generation_path(const std::string& path) {
+  static std::mutex mutex;
+  static std::map<std::string, int> generations;
+  std::lock_guard<std::mutex> lock(mutex);
+  return path + "." + std::to_string(generations[path]++);
 }
 
 }  // namespace
@@ -146,8 +164,8 @@ std::unique_ptr<EpGroup> EpGroup::bootstrap(int rank, int ranks, const std::stri
   if (device < 0) device = rank % devices;
   MEGAMOE_CHECK(device < devices, "device = ", device, " but only ", devices, " CUDA devices are visible");
   MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
-  const std::string path = rendezvous_path(rendezvous);
-  MEGAMOE_CHECK(!path.empty(), "EpGroup::bootstrap: empty rendezvous");
+  MEGAMOE_CHECK(!rendezvous_path(rendezvous).empty(), "EpGroup::bootstrap: empty rendezvous");
+  const std::string path = rendezvous_generation_path(rendezvous_path(rendezvous));
   ncclUniqueId id{};
   if (rank == 0) {
     MEGAMOE_NCCL_CHECK(ncclGetUniqueId(&id));
@@ -170,6 +188,10 @@ std::unique_ptr<EpGroup> EpGroup::bootstrap(int rank, int ranks, const std::stri
   }
   ncclComm_t comm = nullptr;
   MEGAMOE_NCCL_CHECK(ncclCommInitRank(&comm, ranks, id, rank));
+  if (rank == 0) {
+    std::error_code ignored;  // a leftover file only costs disk; the next generation has its own name
+    std::filesystem::remove(path, ignored);
+  }
   // NOTES: from here the transport owns `comm` (it finalizes and destroys it in destroy()).
   return std::unique_ptr<EpGroup>(new EpGroup(make_group_impl(comm, device, options, /*owns_comm=*/true)));
 }

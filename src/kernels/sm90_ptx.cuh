@@ -94,7 +94,14 @@ __device__ __forceinline__ void registers_increase() {
 }
 
 // Named barrier over `threads` threads (a multiple of 32); id 0 is __syncthreads'.
+// NOTES: bar.sync is barrier.sync.aligned: every thread of a warp must execute it together. The
+// compiler does not know that about inline asm, so after a lane-divergent branch (e.g. `if (lane < 8)
+// bulk_wait_all_read();`) it may issue the barrier from a still-diverged warp: undefined behaviour, seen
+// as a hang of the 64-row FP8 SwiGLU bulk-store epilogue (compute-sanitizer synccheck: "Divergent
+// thread(s) in block" at this line). __syncwarp() reconverges the warp first; every caller passes whole
+// warps.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  __syncwarp();
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 // Execution-order-only variants (no "memory" clobber): for hand-offs that order instructions (e.g.

@@ -196,18 +196,16 @@ class StagedBackend final : public MoeBackend {
     const ReceivedTokens& rx = io_->received();
     const int H = config_.hidden, I = config_.intermediate;
     // Tile choice of the grouped GEMMs (sm90_gemm_heuristics.h): rows per local expert as uniform routing
-    // with every rank holding this rank's token count would give (the estimate mega uses), or 0 =
-    // unknown (the largest tiles). MEGAMOE_STAGED_ROWS_HINT (read once): unset = 0, "auto" = the
-    // estimate, a number = that hint.
-    // NOTES: the estimate is opt-in until a hang is understood (session 7, 2 x H200): with it,
-    // `MegaMulti.ManyGemm2TilesPerCta` (H 4096, I 128, 16 experts, top-2, T 1024 / 1000; its single-rank
-    // staged reference on rank 0) hung twice, and passed with the variable unset. With it, dsv3 FP8 at
-    // 128 tokens/rank ran 2490 -> 1661 us (GEMM 2 at 8 rows/expert in 256 x 128 tiles streamed 2.1 TB/s),
-    // and GroupedGemmFp8.*, EpSingle.*, EpMulti.* passed. docs/perf.md Session 7.
+    // with every rank holding this rank's token count would give (the estimate mega uses).
+    // MEGAMOE_STAGED_ROWS_HINT (read once): unset or "auto" = the estimate, a number = that hint
+    // (0 = unknown: the largest tiles).
+    // NOTES: session 7 made the estimate opt-in after `MegaMulti.ManyGemm2TilesPerCta` hung with it; the
+    // cause was a lane-divergent bar.sync in the 64-row FP8 SwiGLU bulk-store epilogue (synccheck,
+    // session 8; fixed in sm90_ptx.cuh named_barrier_sync). With the estimate dsv3 FP8 at 128 tokens/rank
+    // ran 2490 -> 1661 us (GEMM 2 at 8 rows/expert in 256 x 128 tiles streamed 2.1 TB/s). docs/perf.md.
     static const int forced_hint = [] {
       const char* v = std::getenv("MEGAMOE_STAGED_ROWS_HINT");
-      if (v == nullptr || *v == 0) return 0;
-      if (std::string(v) == "auto") return -1;
+      if (v == nullptr || *v == 0 || std::string(v) == "auto") return -1;
       return std::max(0, std::atoi(v));
     }();
     const int rows_hint = forced_hint >= 0 ? forced_hint

@@ -27,6 +27,25 @@ TEST(EpMulti, BootstrapWarmupBarrierDestroy) {
   EXPECT_THROW(group->allocate(4096), Error);
 }
 
+// Successive groups on one rendezvous string with rank 0 late to every later bootstrap: the other ranks
+// reach bootstrap n before rank 0 has written id n. With one shared file they read id n - 1 (a root
+// that no longer listens) and ncclCommInitRank hung or failed (session 8); each group must work.
+TEST(EpMulti, SuccessiveBootstrapsWithLateRankZero) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  for (int generation = 0; generation < 3; ++generation) {
+    SCOPED_TRACE(::testing::Message() << "generation " << generation << " rank " << rank.rank);
+    if (rank.rank == 0 && generation > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+    DeviceStream s(group->device());
+    group->warmup(s.stream);
+    DispatchCase tc;
+    tc.num_experts = experts_for_ranks(tc.num_experts, rank.ranks);
+    tc.tokens_per_rank = spread_tokens(20 + generation, 40, rank.ranks);
+    EXPECT_GT(run_dispatch_combine_case(*group, tc, s.stream), 0);
+    group->destroy();
+  }
+}
+
 TEST(EpMulti, FromExistingNcclComm) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   // Play the role of a torch engine: make the communicator ourselves.
