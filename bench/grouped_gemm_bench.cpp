@@ -215,6 +215,10 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                     options.schedule == "overlap" || options.schedule == "all",
                 "--schedule = '", options.schedule, "' must be auto, serial, pingpong, overlap or all");
   const bool all_schedules = options.schedule == "all";
+  MEGAMOE_CHECK(options.gemm1_v9 == "off" || options.gemm1_v9 == "on" || options.gemm1_v9 == "both",
+                "--gemm1-v9 = '", options.gemm1_v9, "' must be off, on or both");
+  const kernels::GemmRole gemm1_packing =
+      options.gemm1_v9 == "on" ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
   const kernels::Fp8GemmSchedule schedule = options.schedule == "pingpong"  ? kernels::Fp8GemmSchedule::kPingPong
                                             : options.schedule == "overlap" ? kernels::Fp8GemmSchedule::kOverlap
                                             : options.schedule == "auto"    ? kernels::Fp8GemmSchedule::kAuto
@@ -369,10 +373,22 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.intermediate = static_cast<int>(I);
           args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           args.schedule = schedule;
+          args.packing = gemm1_packing;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
+          if (options.gemm1_v9 == "both") {
+            args.packing = kernels::GemmRole::kGateUpInterleaved8;
+            // v9 has no overlap schedule: run it serial then (the main column says which ran).
+            const kernels::Fp8GemmSchedule main_schedule = args.schedule;
+            if (args.schedule == kernels::Fp8GemmSchedule::kOverlap) args.schedule = kernels::Fp8GemmSchedule::kSerial;
+            p.schedule_us.emplace_back("v9", timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
+            args.packing = gemm1_packing;
+            args.schedule = main_schedule;
+          }
           for (const auto& [name, other] : other_schedules) {
             if (!all_schedules) break;
             args.schedule = other;
+            if (args.packing == kernels::GemmRole::kGateUpInterleaved8 && other == kernels::Fp8GemmSchedule::kOverlap)
+              continue;  // not available for v9
             p.schedule_us.emplace_back(name, timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
           }
         } else {
@@ -421,10 +437,11 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                     p.flops() / p.denominator_us() * 1e-6, p.denominator_us() / p.us,
                     p.cublas_bf16_us > 0 ? p.flops() / p.cublas_bf16_us * 1e-6 : 0.0);
         for (const auto& [name, us] : p.schedule_us)
-          std::printf("%-10s %5d %5s | %-8s %9.1f us %8.1f TFLOP/s | speedup vs serial %.3f | vs cuBLAS %.2f\n",
+          std::printf("%-10s %5d %5s | %-8s %9.1f us %8.1f TFLOP/s | speedup vs main column %.3f | vs cuBLAS %.2f\n",
                       model.c_str(), rows, p.gemm.c_str(), name.c_str(), us, p.flops() / us * 1e-6, p.us / us,
                       p.denominator_us() / us);
         if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.schedule;
+        if (!bf16 && !fp4_group && which == 1 && options.gemm1_v9 == "on") p.schedule += "+v9";
         std::fflush(stdout);
         points.push_back(p);
       }

@@ -22,6 +22,10 @@ struct GemmBenchOptions {
   // (v4), "pingpong", "overlap" (v5), or "all": serial, then pingpong and overlap timed right after it
   // per point (A/B in one run; the main columns are serial).
   std::string schedule = "auto";
+  // FP8 GEMM 1 kernel (docs/grouped_gemm.md "v9"): "off" = split-N tiles (weights packed kGateUp), "on" = v9
+  // (kGateUpInterleaved8), "both" = off in the main columns and v9 timed right after it per point (a row
+  // "v9"; the random weight bytes are read as either layout: the timing does not depend on their order).
+  std::string gemm1_v9 = "off";
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.
