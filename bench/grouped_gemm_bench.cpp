@@ -217,6 +217,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   const bool all_schedules = options.schedule == "all";
   MEGAMOE_CHECK(options.gemm1_v9 == "off" || options.gemm1_v9 == "on" || options.gemm1_v9 == "both",
                 "--gemm1-v9 = '", options.gemm1_v9, "' must be off, on or both");
+  MEGAMOE_CHECK(!options.v9_skews.empty(), "--v9-skews needs at least one value");
   const kernels::GemmRole gemm1_packing =
       options.gemm1_v9 == "on" ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
   const kernels::Fp8GemmSchedule schedule = options.schedule == "pingpong"  ? kernels::Fp8GemmSchedule::kPingPong
@@ -374,15 +375,23 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           args.schedule = schedule;
           args.packing = gemm1_packing;
+          args.v9_skew_kblocks = options.v9_skews.front();
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
           if (options.gemm1_v9 == "both") {
             args.packing = kernels::GemmRole::kGateUpInterleaved8;
-            // v9 has no overlap schedule: run it serial then (the main column says which ran).
+            // v9 has no overlap schedule, and a skew needs serial: run those serial (the main column
+            // says which schedule it ran).
             const kernels::Fp8GemmSchedule main_schedule = args.schedule;
-            if (args.schedule == kernels::Fp8GemmSchedule::kOverlap) args.schedule = kernels::Fp8GemmSchedule::kSerial;
-            p.schedule_us.emplace_back("v9", timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
+            for (const int skew : options.v9_skews) {
+              args.v9_skew_kblocks = skew;
+              if (skew > 0 || main_schedule == kernels::Fp8GemmSchedule::kOverlap)
+                args.schedule = kernels::Fp8GemmSchedule::kSerial;
+              p.schedule_us.emplace_back(skew == 0 ? std::string("v9") : "v9_skew" + std::to_string(skew),
+                                         timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
+              args.schedule = main_schedule;
+            }
             args.packing = gemm1_packing;
-            args.schedule = main_schedule;
+            args.v9_skew_kblocks = options.v9_skews.front();
           }
           for (const auto& [name, other] : other_schedules) {
             if (!all_schedules) break;

@@ -218,6 +218,16 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
     MEGAMOE_CHECK(schedule != sm90::MathSchedule::kHalfOverlap,
                   "schedule overlap is not available for GEMM-1 weights packed kGateUpInterleaved8 (v9): use serial "
                   "or pingpong");
+    int skew = args.v9_skew_kblocks;
+    if (skew < 0) {  // read per call, as MEGAMOE_FP8_GEMM_SCHEDULE
+      const char* value = std::getenv("MEGAMOE_FP8_GEMM1_V9_SKEW");
+      skew = value && *value ? std::atoi(value) : 0;
+    }
+    MEGAMOE_CHECK(skew >= 0 && skew <= sm90::kGateUpInterleaved.stages, "v9_skew_kblocks (or MEGAMOE_FP8_GEMM1_V9_SKEW) = ",
+                  skew, " must be in [0, ", sm90::kGateUpInterleaved.stages, "] (the pipeline depth)");
+    MEGAMOE_CHECK(skew == 0 || schedule == sm90::MathSchedule::kSerial, "v9_skew_kblocks = ", skew,
+                  " needs the serial schedule (the pingpong issue token would deadlock with it)");
+    params.v9_skew_kblocks = skew;
     if (schedule == sm90::MathSchedule::kOrderedIssue)
       launch<sm90::kGateUpInterleaved, Epilogue::kSwigluInterleavedFp8, sm90::MathSchedule::kOrderedIssue>(
           args.a, args.weights, params, stream);

@@ -113,6 +113,10 @@ struct GroupedGemm1Fp8Args {
   // tiles (v8c); kGateUpInterleaved8 = v9 (split-M 128 x 256, every rows hint; schedules kSerial /
   // kPingPong only). Outputs are bit-identical between the two. Anything else: megamoe::Error.
   GemmRole packing = GemmRole::kGateUp;
+  // v9 only, experiment (docs/grouped_gemm.md "v9"): math warpgroup 1 runs this many k-blocks (0..4)
+  // behind warpgroup 0, so one's epilogue can overlap the other's MMAs; needs the serial schedule.
+  // -1: the environment variable MEGAMOE_FP8_GEMM1_V9_SKEW, else 0. Outputs do not depend on it.
+  int v9_skew_kblocks = -1;
 };
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream);
 

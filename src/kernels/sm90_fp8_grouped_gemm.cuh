@@ -57,7 +57,19 @@ struct GroupedGemmParams {
   int m_capacity = 0, num_experts = 0, n = 0, k = 0;
   int activation = 0;                    // 0 = silu*up, 1 = clamped SwiGLU
   float limit = 0.f, alpha = 0.f;
+  int v9_skew_kblocks = 0;               // kSwigluInterleavedFp8 + kSerial only: see kV9SkewBarrier
 };
+
+// v9 skew (an experiment, GroupedGemm1Fp8Args::v9_skew_kblocks): math warpgroup 1 starts its first
+// tile only after warpgroup 0 has released v9_skew_kblocks (clamped to k_blocks) k-blocks of it, so the
+// two warpgroups run that many k-blocks apart and one's epilogue can overlap the other's MMAs.
+// NOTES (named barrier kV9SkewBarrier, 256 threads, used once per CTA with at least one tile):
+// warpgroup 1 bar.syncs before its tile loop, warpgroup 0 bar.arrives in its first tile's K loop after
+// k-block skew - 1. No deadlock for skew <= kStages: warpgroup 0 needs only the first `skew` stages,
+// which the producer fills before any release. Afterwards nothing re-synchronizes the warpgroups
+// (split-M v9 has no exchange), so the lag persists up to the ring's depth. Serial schedule only: the
+// ordered-issue token would wait on warpgroup 1 while it waits here.
+constexpr uint32_t kV9SkewBarrier = 2;
 
 // Row pitch of the BF16 staging buffer of store_bf16_epilogue_bulk: 128 BF16 (256 B) + 16 B of padding
 // (bank math there), a multiple of the 16 bytes a bulk copy's source address needs.
@@ -510,7 +522,7 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
                                                                 float (&partial)[64], const Fp8GemmShared<Layout>& smem,
                                                                 int k_blocks, int wg_m, int wg_n,
                                                                 PipelineCursor<Layout::kStageCount>& cursor,
-                                                                int active_sub_tiles) {
+                                                                int active_sub_tiles, int skew_hand_over_kblocks) {
   static_assert(kSchedule != MathSchedule::kHalfOverlap, "shared scales: serial and ordered-issue schedules");
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
@@ -543,6 +555,8 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
     fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor,
                                           active_sub_tiles);
+    if constexpr (Layout::kGateUpInterleaved8 && kSchedule == MathSchedule::kSerial)
+      if (kb + 1 == skew_hand_over_kblocks) named_barrier_arrive_order_only<kV9SkewBarrier, 256>();
   }
 }
 
@@ -618,7 +632,8 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
                                                   const float* b_scales, int k_blocks, int wg_m, int wg_n,
                                                   PipelineCursor<Layout::kStageCount>& cursor,
-                                                  int active_sub_tiles = Layout::kSubTiles) {
+                                                  int active_sub_tiles = Layout::kSubTiles,
+                                                  int skew_hand_over_kblocks = 0) {
   // kOrderedIssue passes the issue token once per group: both warpgroups must issue every group.
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) active_sub_tiles = Layout::kSubTiles;
   if constexpr (kSchedule == MathSchedule::kHalfOverlap)
@@ -626,7 +641,7 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                                             k_blocks, wg_m, wg_n, cursor);
   else if constexpr (Layout::kScalesInShared)
     fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, k_blocks, wg_m, wg_n, cursor,
-                                                       active_sub_tiles);
+                                                       active_sub_tiles, skew_hand_over_kblocks);
   else
     fp8_tile_mainloop_global_scales<Layout, kCoherentScales, kSchedule>(accumulator, partial, smem, where,
                                                                         a_scales_base, b_scales, k_blocks, wg_m, wg_n,
@@ -1107,6 +1122,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   float partial[64];
   const IssueTurn turn{math_wg};
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.start();
+  // v9 skew (kV9SkewBarrier NOTES): warpgroup 0 hands over after `skew` k-blocks of its first tile.
+  int skew = 0;
+  if constexpr (Layout::kGateUpInterleaved8 && kSchedule == MathSchedule::kSerial)
+    skew = blockIdx.x < total_tiles ? min(params.v9_skew_kblocks, k_blocks) : 0;
+  if (skew > 0 && math_wg == 1) named_barrier_sync_order_only<kV9SkewBarrier, 256>();
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
@@ -1114,7 +1134,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const float* b_scales = params.b_scales + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
     fp8_tile_mainloop<Layout, false, kSchedule>(
         accumulator, partial, smem, where, params.a_scales, b_scales, k_blocks, wg_m, wg_n, cursor,
-        active_sub_tiles(t.m_end - t.m0, wg_m * Layout::kRowsPerWarpgroup, kSubTilesM));
+        active_sub_tiles(t.m_end - t.m0, wg_m * Layout::kRowsPerWarpgroup, kSubTilesM),
+        tile == static_cast<int>(blockIdx.x) && math_wg == 0 ? skew : 0);
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
       __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
       const int out_cols = params.n;

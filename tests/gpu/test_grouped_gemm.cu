@@ -689,6 +689,13 @@ TEST(GroupedGemmFp8, Gemm1V9ManyTilesPerCta) {
   clamped.alpha = 1.702f;
   run_gemm1(counts, 128, 256, 62, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
   run_gemm1(counts, 128, 384, 63, clamped, false, true, 128, Fp8GemmSchedule::kPingPong, false);
+  // The v9 skew (warpgroup 1 that many k-blocks behind; the v9 run inside run_gemm1 reads it from the
+  // environment): 3 with one k-block (clamped), 4 (the whole ring) with 8 k-blocks per tile.
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM1_V9_SKEW", "3", 1), 0);
+  run_gemm1(counts, 128, 256, 64, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM1_V9_SKEW", "4", 1), 0);
+  run_gemm1({33, 0, 1, 200, 64, 129}, 1024, 256, 65, clamped, true, true, 0, Fp8GemmSchedule::kSerial, false);
+  unsetenv("MEGAMOE_FP8_GEMM1_V9_SKEW");
 }
 
 // Runs without a GPU: the GEMM-1 packing is checked before any CUDA call.
@@ -716,6 +723,23 @@ TEST(GroupedGemmFp8, RejectsBadGemm1Packing) {
     ADD_FAILURE() << "v9 with the overlap schedule accepted";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("schedule overlap is not available"), std::string::npos) << error.what();
+  }
+  args.schedule = Fp8GemmSchedule::kSerial;
+  args.v9_skew_kblocks = 5;
+  try {
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    ADD_FAILURE() << "v9 skew 5 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("v9_skew_kblocks (or MEGAMOE_FP8_GEMM1_V9_SKEW) = 5"), std::string::npos)
+        << error.what();
+  }
+  args.schedule = Fp8GemmSchedule::kPingPong;
+  args.v9_skew_kblocks = 2;
+  try {
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    ADD_FAILURE() << "v9 skew with pingpong accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("needs the serial schedule"), std::string::npos) << error.what();
   }
 }
 
