@@ -215,6 +215,11 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                     options.schedule == "overlap" || options.schedule == "all",
                 "--schedule = '", options.schedule, "' must be auto, serial, pingpong, overlap or all");
   const bool all_schedules = options.schedule == "all";
+  MEGAMOE_CHECK(options.gemm1_v9 == "off" || options.gemm1_v9 == "on" || options.gemm1_v9 == "both",
+                "--gemm1-v9 = '", options.gemm1_v9, "' must be off, on or both");
+  MEGAMOE_CHECK(!options.v9_skews.empty(), "--v9-skews needs at least one value");
+  const kernels::GemmRole gemm1_packing =
+      options.gemm1_v9 == "on" ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
   const kernels::Fp8GemmSchedule schedule = options.schedule == "pingpong"  ? kernels::Fp8GemmSchedule::kPingPong
                                             : options.schedule == "overlap" ? kernels::Fp8GemmSchedule::kOverlap
                                             : options.schedule == "auto"    ? kernels::Fp8GemmSchedule::kAuto
@@ -369,10 +374,30 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.intermediate = static_cast<int>(I);
           args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           args.schedule = schedule;
+          args.packing = gemm1_packing;
+          args.v9_skew_kblocks = options.v9_skews.front();
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
+          if (options.gemm1_v9 == "both") {
+            args.packing = kernels::GemmRole::kGateUpInterleaved8;
+            // v9 has no overlap schedule, and a skew needs serial: run those serial (the main column
+            // says which schedule it ran).
+            const kernels::Fp8GemmSchedule main_schedule = args.schedule;
+            for (const int skew : options.v9_skews) {
+              args.v9_skew_kblocks = skew;
+              if (skew > 0 || main_schedule == kernels::Fp8GemmSchedule::kOverlap)
+                args.schedule = kernels::Fp8GemmSchedule::kSerial;
+              p.schedule_us.emplace_back(skew == 0 ? std::string("v9") : "v9_skew" + std::to_string(skew),
+                                         timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
+              args.schedule = main_schedule;
+            }
+            args.packing = gemm1_packing;
+            args.v9_skew_kblocks = options.v9_skews.front();
+          }
           for (const auto& [name, other] : other_schedules) {
             if (!all_schedules) break;
             args.schedule = other;
+            if (args.packing == kernels::GemmRole::kGateUpInterleaved8 && other == kernels::Fp8GemmSchedule::kOverlap)
+              continue;  // not available for v9
             p.schedule_us.emplace_back(name, timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
           }
         } else {
@@ -421,10 +446,11 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                     p.flops() / p.denominator_us() * 1e-6, p.denominator_us() / p.us,
                     p.cublas_bf16_us > 0 ? p.flops() / p.cublas_bf16_us * 1e-6 : 0.0);
         for (const auto& [name, us] : p.schedule_us)
-          std::printf("%-10s %5d %5s | %-8s %9.1f us %8.1f TFLOP/s | speedup vs serial %.3f | vs cuBLAS %.2f\n",
+          std::printf("%-10s %5d %5s | %-8s %9.1f us %8.1f TFLOP/s | speedup vs main column %.3f | vs cuBLAS %.2f\n",
                       model.c_str(), rows, p.gemm.c_str(), name.c_str(), us, p.flops() / us * 1e-6, p.us / us,
                       p.denominator_us() / us);
         if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.schedule;
+        if (!bf16 && !fp4_group && which == 1 && options.gemm1_v9 == "on") p.schedule += "+v9";
         std::fflush(stdout);
         points.push_back(p);
       }

@@ -22,6 +22,13 @@ struct GemmBenchOptions {
   // (v4), "pingpong", "overlap" (v5), or "all": serial, then pingpong and overlap timed right after it
   // per point (A/B in one run; the main columns are serial).
   std::string schedule = "auto";
+  // FP8 GEMM 1 kernel (docs/grouped_gemm.md "v9"): "off" = split-N tiles (weights packed kGateUp), "on" = v9
+  // (kGateUpInterleaved8), "both" = off in the main columns and v9 timed right after it per point (a row
+  // "v9"; the random weight bytes are read as either layout: the timing does not depend on their order).
+  std::string gemm1_v9 = "off";
+  // v9 skews (GroupedGemm1Fp8Args::v9_skew_kblocks) timed per point with --gemm1-v9 both (rows "v9" for 0,
+  // "v9_skewN" otherwise); --gemm1-v9 on: the first is the main column.
+  std::vector<int> v9_skews{0};
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.

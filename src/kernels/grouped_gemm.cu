@@ -66,6 +66,7 @@ void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& p
   // Every config fits at kMaxExperts (staging rows and scale ring included).
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "grouped GEMM tile config overflows 227 KiB of shared memory at kMaxExperts");
+  static_assert(Layout::kBlockM == kTile.block_m() && Layout::kBlockN == kTile.block_n(), "tile config vs layout");
   // Both epilogues copy row pieces (BF16 256 bytes, FP8 128 bytes) with cp.async.bulk: 16-byte aligned
   // addresses (rows are n or n / 2 bytes apart, n a multiple of 128).
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
@@ -210,9 +211,33 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   params.activation = clamped ? 1 : 0;
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
+  const sm90::MathSchedule schedule = resolve_schedule(args.schedule, args.rows_per_expert_hint);
+  MEGAMOE_CHECK(args.packing == GemmRole::kGateUp || args.packing == GemmRole::kGateUpInterleaved8,
+                "packing = ", static_cast<int>(args.packing), " must be kGateUp or kGateUpInterleaved8 (GEMM-1 weights)");
+  if (args.packing == GemmRole::kGateUpInterleaved8) {  // v9: one tile for every rows hint (heuristics header)
+    MEGAMOE_CHECK(schedule != sm90::MathSchedule::kHalfOverlap,
+                  "schedule overlap is not available for GEMM-1 weights packed kGateUpInterleaved8 (v9): use serial "
+                  "or pingpong");
+    int skew = args.v9_skew_kblocks;
+    if (skew < 0) {  // read per call, as MEGAMOE_FP8_GEMM_SCHEDULE
+      const char* value = std::getenv("MEGAMOE_FP8_GEMM1_V9_SKEW");
+      skew = value && *value ? std::atoi(value) : 0;
+    }
+    MEGAMOE_CHECK(skew >= 0 && skew <= sm90::kGateUpInterleaved.stages, "v9_skew_kblocks (or MEGAMOE_FP8_GEMM1_V9_SKEW) = ",
+                  skew, " must be in [0, ", sm90::kGateUpInterleaved.stages, "] (the pipeline depth)");
+    MEGAMOE_CHECK(skew == 0 || schedule == sm90::MathSchedule::kSerial, "v9_skew_kblocks = ", skew,
+                  " needs the serial schedule (the pingpong issue token would deadlock with it)");
+    params.v9_skew_kblocks = skew;
+    if (schedule == sm90::MathSchedule::kOrderedIssue)
+      launch<sm90::kGateUpInterleaved, Epilogue::kSwigluInterleavedFp8, sm90::MathSchedule::kOrderedIssue>(
+          args.a, args.weights, params, stream);
+    else
+      launch<sm90::kGateUpInterleaved, Epilogue::kSwigluInterleavedFp8, sm90::MathSchedule::kSerial>(
+          args.a, args.weights, params, stream);
+    return;
+  }
   const sm90::TileConfig tile =
       sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n, multiprocessor_count());
-  const sm90::MathSchedule schedule = resolve_schedule(args.schedule, args.rows_per_expert_hint);
   if (tile.sub_tiles_m == 1)
     launch<sm90::kSplitNSmall, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, schedule, stream);
   else

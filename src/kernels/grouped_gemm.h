@@ -24,6 +24,15 @@
 //          packed row 256*j + 128 + i = up   row 128*j + i
 //          so one 256-row N tile holds the gate and the up rows of the same 128 outputs.
 //   scales [E, 2I/128, H/128] FP32, packed block 2j = gate block j, 2j+1 = up block j.
+// GEMM 1, v9 layout (role kGateUpInterleaved8, FP8 block only; the v9 kernel, docs/grouped_gemm.md "v9"):
+//   data   [E, 2I, H] E4M3, K-major; inside each 256-row N tile j the tile's 128 gate and 128 up rows
+//          are interleaved by 8:  packed row 256*j + 16*m + i     = gate row 128*j + 8*m + i   (i < 8)
+//                                 packed row 256*j + 16*m + 8 + i = up   row 128*j + 8*m + i   (m < 16)
+//          so an m64n128 wgmma fragment holds gate (8-column groups j even) and up (j odd) of the same
+//          output column in one thread.
+//   scales identical to kGateUp (block 2j = gate block j, 2j+1 = up block j): the FP8 block scales stay
+//          per original 128 x 128 block; each 128-row half of the tile multiplies gate rows by block 2j
+//          and up rows by block 2j+1.
 // GEMM 2 (role kDown, canonical W2 [H, I]):
 //   data   [E, H, I] E4M3, K-major (same as canonical), scales [E, H/128, I/128] FP32 (same).
 // Per-expert byte sizes: packed_weight_bytes(); expert e starts at e * that size.
@@ -59,6 +68,7 @@ namespace megamoe::kernels {
 enum class GemmRole : uint8_t {
   kGateUp,  // GEMM 1: canonical W13 [2I, H] -> packed [2I, H] (gate/up interleaved by 128 rows)
   kDown,    // GEMM 2: canonical W2 [H, I] -> packed [H, I]
+  kGateUpInterleaved8,  // GEMM 1 for the v9 kernel: gate/up interleaved by 8 rows inside each 256-row tile
 };
 
 // Byte size of one expert's packed weight data and the number of FP32 scales that go with it.
@@ -99,6 +109,14 @@ struct GroupedGemm1Fp8Args {
   Activation activation{};
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
   Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto;
+  // How `weights` were packed (pack_expert_weights' role), which picks the kernel: kGateUp = the split-N
+  // tiles (v8c); kGateUpInterleaved8 = v9 (split-M 128 x 256, every rows hint; schedules kSerial /
+  // kPingPong only). Outputs are bit-identical between the two. Anything else: megamoe::Error.
+  GemmRole packing = GemmRole::kGateUp;
+  // v9 only, experiment (docs/grouped_gemm.md "v9"): math warpgroup 1 runs this many k-blocks (0..4)
+  // behind warpgroup 0, so one's epilogue can overlap the other's MMAs; needs the serial schedule.
+  // -1: the environment variable MEGAMOE_FP8_GEMM1_V9_SKEW, else 0. Outputs do not depend on it.
+  int v9_skew_kblocks = -1;
 };
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream);
 

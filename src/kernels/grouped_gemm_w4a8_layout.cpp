@@ -72,6 +72,8 @@ void pack_w4a8_expert_weights(const formats::QuantizedMatrix& canonical, GemmRol
                     weight_format_name(format), ")");
     }
   // Packed row of canonical row r: W13 interleaves gate/up 128-row blocks (as the FP8 layout does).
+  MEGAMOE_CHECK(role == GemmRole::kDown || role == GemmRole::kGateUp, "pack_w4a8_expert_weights: role = ",
+                static_cast<int>(role), " must be kGateUp or kDown (kGateUpInterleaved8 is the FP8-block v9 layout)");
   MEGAMOE_CHECK(role == GemmRole::kDown || rows % 256 == 0, "W13 rows = 2I = ", rows, " must be a multiple of 256");
   const int64_t half_blocks = rows / 256;
   auto packed_row = [&](int64_t r) {

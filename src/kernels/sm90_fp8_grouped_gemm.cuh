@@ -42,6 +42,9 @@ namespace megamoe::kernels::sm90 {
 enum class Epilogue : int {
   kStoreBf16,       // out[r, n] = bf16(acc)
   kSwigluQuantFp8,  // split-N only: gate (warpgroup 0) x up (warpgroup 1) -> FP8 + per-128 scale
+  // v9 (docs/grouped_gemm.md "v9"): split-M 128 x 256 on weights packed gate/up-interleaved by 8 rows
+  // (GemmRole::kGateUpInterleaved8); each math warpgroup finishes its own 64 rows (no exchange).
+  kSwigluInterleavedFp8,
 };
 
 struct GroupedGemmParams {
@@ -54,11 +57,26 @@ struct GroupedGemmParams {
   int m_capacity = 0, num_experts = 0, n = 0, k = 0;
   int activation = 0;                    // 0 = silu*up, 1 = clamped SwiGLU
   float limit = 0.f, alpha = 0.f;
+  int v9_skew_kblocks = 0;               // kSwigluInterleavedFp8 + kSerial only: see kV9SkewBarrier
 };
+
+// v9 skew (an experiment, GroupedGemm1Fp8Args::v9_skew_kblocks): math warpgroup 1 starts its first
+// tile only after warpgroup 0 has released v9_skew_kblocks (clamped to k_blocks) k-blocks of it, so the
+// two warpgroups run that many k-blocks apart and one's epilogue can overlap the other's MMAs.
+// NOTES (named barrier kV9SkewBarrier, 256 threads, used once per CTA with at least one tile):
+// warpgroup 1 bar.syncs before its tile loop, warpgroup 0 bar.arrives in its first tile's K loop after
+// k-block skew - 1. No deadlock for skew <= kStages: warpgroup 0 needs only the first `skew` stages,
+// which the producer fills before any release. Afterwards nothing re-synchronizes the warpgroups
+// (split-M v9 has no exchange), so the lag persists up to the ring's depth. Serial schedule only: the
+// ordered-issue token would wait on warpgroup 1 while it waits here.
+constexpr uint32_t kV9SkewBarrier = 2;
 
 // Row pitch of the BF16 staging buffer of store_bf16_epilogue_bulk: 128 BF16 (256 B) + 16 B of padding
 // (bank math there), a multiple of the 16 bytes a bulk copy's source address needs.
 constexpr int kBf16StagingPitch = 128 * 2 + 16;
+// Row pitch of the FP8 staging rows of the SwiGLU epilogues' bulk stores (v8c, v9): 128 codes + 16 B,
+// 16-byte aligned rows, 2-byte writes of a quad's 8 row slots conflict-free (36 words = 4 mod 32).
+constexpr int kFp8StagingPitch = 128 + 16;
 
 // kWarpgroupsM: 2 = the math warpgroups split the tile's rows (split-M), 1 = its columns (split-N).
 // kSubTilesM: 64-row sub-tiles per math warpgroup (each a separate 64 x 128 wgmma accumulator set).
@@ -69,15 +87,23 @@ constexpr int kBf16StagingPitch = 128 * 2 + 16;
 // kSharedScales (v8): the A and B scales of every stage are staged in shared memory by the scale warp
 // (warp 1 of the producer warpgroup, cp.async) next to the operands, instead of each math thread
 // loading them from global memory. The fused kernel keeps global loads (false).
+// kGroupsN (derived from the epilogue): 128-column wgmma groups per math warpgroup and sub-tile. 1 for
+// every layout but kSwigluInterleavedFp8 (v9: 2, the tile's two n-halves). A math warpgroup's
+// accumulator is float[kGroups][64], group g = (sub-tile g / kGroupsN, n-half g % kGroupsN).
 template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, int kStagingRows = 0,
           bool kSharedScales = false>
 struct GroupedGemmLayout {
   static constexpr int kWarpgroupsMValue = kWarpgroupsM;
   static constexpr int kSubTiles = kSubTilesM;
+  static constexpr int kGroupsN = kEpilogue == Epilogue::kSwigluInterleavedFp8 ? 2 : 1;
+  static constexpr int kGroups = kSubTilesM * kGroupsN;
+  static constexpr bool kGateUpInterleaved8 = kEpilogue == Epilogue::kSwigluInterleavedFp8;
+  static_assert(kEpilogue != Epilogue::kSwigluInterleavedFp8 || (kWarpgroupsM == 2 && kSubTilesM == 1),
+                "v9 GEMM 1: split-M, one 64-row sub-tile per math warpgroup (128 x 256)");
   static constexpr int kStageCount = kStages;
   static constexpr int kRowsPerWarpgroup = 64 * kSubTilesM;
   static constexpr int kBlockM = kRowsPerWarpgroup * kWarpgroupsM;
-  static constexpr int kBlockN = 128 * (kMathWarpgroups / kWarpgroupsM);
+  static constexpr int kBlockN = 128 * kGroupsN * (kMathWarpgroups / kWarpgroupsM);
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
   // SwiGLU: the accumulators the other math warpgroup finishes cross through shared memory
@@ -98,11 +124,20 @@ struct GroupedGemmLayout {
   static constexpr int kStagingRowsValue = kStagingRows;
   static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
   static constexpr int kStagingOffset = kTilesBytes;
-  static constexpr int kExchangeRegionBytes = kExchangeBytes > kStagingBytes ? kExchangeBytes : kStagingBytes;
+  // v9 (kSwigluInterleavedFp8): no exchange; every math warp stages its 16 FP8 rows of a tile here for
+  // the bulk copies: kMathWarpgroups x 4 warps x 16 rows x kFp8StagingPitch = 18,432 B (the 16 KiB the
+  // exchange buffer took, + 2 KiB), warp v (0..7 over both math warpgroups) at v * 16 * kFp8StagingPitch.
+  static constexpr int kFp8RowStagingBytes =
+      kEpilogue == Epilogue::kSwigluInterleavedFp8 ? kMathWarpgroups * 4 * 16 * kFp8StagingPitch : 0;
+  static constexpr int kExchangeOrFp8Bytes = kExchangeBytes > kFp8RowStagingBytes ? kExchangeBytes : kFp8RowStagingBytes;
+  static constexpr int kExchangeRegionBytes = kExchangeOrFp8Bytes > kStagingBytes ? kExchangeOrFp8Bytes : kStagingBytes;
   static_assert(kStagingOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
   // Scale ring (kSharedScales): per stage kBlockM A scales (tile row i at [i]; 0 for rows past the
   // expert's end) then kMathWarpgroups B scales ([kBlockM + w] = the 128-column block math warpgroup w
-  // multiplies; both equal in split-M). Bytes = kStages * (kBlockM + 2) * 4, rounded up to 16.
+  // multiplies; both equal in split-M). v9: [kBlockM] = the tile's gate block, [kBlockM + 1] = its up
+  // block (packed scale blocks 2j and 2j + 1 of n-tile j), read by both warpgroups for both n-halves
+  // (every 128-column half holds 64 gate and 64 up columns). Bytes = kStages * (kBlockM + 2) * 4,
+  // rounded up to 16, in every layout.
   static constexpr bool kScalesInShared = kSharedScales;
   static constexpr int kScaleFloats = kBlockM + kMathWarpgroups;
   static constexpr int kScalesOffset = kTilesBytes + kExchangeRegionBytes;
@@ -144,6 +179,7 @@ struct Fp8GemmShared {
   uint8_t* b_tiles;
   float* exchange;
   uint8_t* bf16_staging;  // kStagingOffset (kStagingBytes, 0 unless the layout has kStagingRows; may alias exchange)
+  uint8_t* fp8_row_staging;  // v9: kFp8RowStagingBytes at kTilesBytes
   float* scales;          // Layout::kScalesInShared: [kStageCount][kScaleFloats]
   uint64_t* full;
   uint64_t* empty;
@@ -155,6 +191,7 @@ struct Fp8GemmShared {
     b_tiles = shared + Layout::kStageCount * Layout::kABytes;
     exchange = reinterpret_cast<float*>(shared + Layout::kTilesBytes);
     bf16_staging = shared + Layout::kStagingOffset;
+    fp8_row_staging = shared + Layout::kTilesBytes;
     scales = reinterpret_cast<float*>(shared + Layout::kScalesOffset);
     full = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
     empty = full + Layout::kStageCount;
@@ -326,6 +363,7 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
                                                                const float* a_scales_base, const float* b_scales,
                                                                int k_blocks, int wg_m, int wg_n,
                                                                PipelineCursor<Layout::kStageCount>& cursor) {
+  static_assert(Layout::kGroupsN == 1, "half overlap: one 128-column group per sub-tile");
   constexpr int kSubTilesM = Layout::kSubTiles;
   constexpr int kGroups = 2 * kSubTilesM;  // per k-block
   const int lane = threadIdx.x % 32;
@@ -410,20 +448,28 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
   }
 }
 
-// One k-block of the kSerial / kOrderedIssue schedules (both scale sources): per 64-row sub-tile s,
-// 4 wgmma m64n128k32 into `partial`, wait, then accumulator[s] += partial * a_scale(row) * b_scale; the
-// stage is released on `empty` after the last sub-tile's wait (its shared memory is no longer read).
+// One k-block of the kSerial / kOrderedIssue schedules (both scale sources): Layout::kGroups wgmma groups,
+// group g = (64-row sub-tile s = g / kGroupsN, 128-column n-half n = g % kGroupsN; A at row 64 s, B at
+// row 128 n of this warpgroup's slices), each 4 wgmma m64n128k32 into `partial`, wait, then
+// accumulator[g] += partial * scale_a[s][r] * scale_b[n][j % 2] for fragment register 4j + 2r + c
+// (rows: r = row half; columns: j = 8-column group). The stage is released on `empty` after the last
+// group's wait (its shared memory is no longer read).
+// scale_b[n][parity]: the B scale of the 8-column groups j of that parity in n-half n. The plain layouts
+// pass the one block scale twice (both products are the same expression: ptxas folds them, the FFMAs
+// are the old ones); v9 passes {gate block, up block}: the interleave puts gate columns at even j, up
+// columns at odd j (grouped_gemm.h, kGateUpInterleaved8), so the choice is compile-time per register.
 // a_stage / b_stage: descriptor start-address words of this warpgroup's A and B slices of the stage.
-// active_sub_tiles (warpgroup-uniform, 0..kSubTiles; see active_sub_tiles()): sub-tiles s >= it hold no
-// row of the expert, so their wgmma groups and promotions are skipped (their accumulators stay 0; the
-// epilogues never store rows past the expert's end). The stage is still released exactly once.
+// active_sub_tiles (warpgroup-uniform, 0..kSubTiles; see active_sub_tiles()): the groups of sub-tiles
+// s >= it hold no row of the expert, so their wgmma and promotions are skipped (their accumulators stay
+// 0; the epilogues never store rows past the expert's end). The stage is still released exactly once.
 template <class Layout, MathSchedule kSchedule>
-__device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
+__device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::kGroups][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
-                                                  const float (&scale_a)[Layout::kSubTiles][2], float scale_b,
-                                                  uint32_t a_stage, uint32_t b_stage, const IssueTurn& turn,
+                                                  const float (&scale_a)[Layout::kSubTiles][2],
+                                                  const float (&scale_b)[Layout::kGroupsN][2], uint32_t a_stage,
+                                                  uint32_t b_stage, const IssueTurn& turn,
                                                   PipelineCursor<Layout::kStageCount>& cursor, int active_sub_tiles) {
-  constexpr int kSubTilesM = Layout::kSubTiles;
+  constexpr int kGroupsN = Layout::kGroupsN;
   const int lane = threadIdx.x % 32;
   if (active_sub_tiles == 0) {  // nothing of this warpgroup's rows in the tile: release the stage unread
     if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
@@ -431,7 +477,8 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
     return;
   }
 #pragma unroll
-  for (int s = 0; s < kSubTilesM; ++s) {
+  for (int g = 0; g < Layout::kGroups; ++g) {
+    const int s = g / kGroupsN, n = g % kGroupsN;
     if (s > 0 && s >= active_sub_tiles) break;
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
@@ -440,23 +487,26 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
 #pragma unroll
     for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
       wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_stage + ((64 * s * kBlockK + 32 * k_step) >> 4)),
-                            sw128_descriptor_from_low(b_stage + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+                            sw128_descriptor_from_low(b_stage + ((128 * n * kBlockK + 32 * k_step) >> 4)),
+                            k_step > 0 ? 1u : 0u);
     wgmma_commit();
     if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.hand_over();
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-    if (s == kSubTilesM - 1 || s + 1 >= active_sub_tiles) {
+    if (g == Layout::kGroups - 1 || (n == kGroupsN - 1 && s + 1 >= active_sub_tiles)) {
       if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
       cursor.advance();
     }
-    const float scale0 = scale_a[s][0] * scale_b, scale1 = scale_a[s][1] * scale_b;
+    const float scale00 = scale_a[s][0] * scale_b[n][0], scale01 = scale_a[s][0] * scale_b[n][1];
+    const float scale10 = scale_a[s][1] * scale_b[n][0], scale11 = scale_a[s][1] * scale_b[n][1];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
-      accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
-      accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
-      accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+      const float scale0 = j % 2 ? scale01 : scale00, scale1 = j % 2 ? scale11 : scale10;
+      accumulator[g][4 * j + 0] += partial[4 * j + 0] * scale0;
+      accumulator[g][4 * j + 1] += partial[4 * j + 1] * scale0;
+      accumulator[g][4 * j + 2] += partial[4 * j + 2] * scale1;
+      accumulator[g][4 * j + 3] += partial[4 * j + 3] * scale1;
     }
   }
 }
@@ -468,11 +518,11 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
 // wgmma wait (their shared-memory latency hides under the MMAs).
 // No MathRows here: the scale warp already zero-filled the scales of rows past the expert's end.
 template <class Layout, MathSchedule kSchedule>
-__device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumulator)[Layout::kSubTiles][64],
+__device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumulator)[Layout::kGroups][64],
                                                                 float (&partial)[64], const Fp8GemmShared<Layout>& smem,
                                                                 int k_blocks, int wg_m, int wg_n,
                                                                 PipelineCursor<Layout::kStageCount>& cursor,
-                                                                int active_sub_tiles) {
+                                                                int active_sub_tiles, int skew_hand_over_kblocks) {
   static_assert(kSchedule != MathSchedule::kHalfOverlap, "shared scales: serial and ordered-issue schedules");
   constexpr int kSubTilesM = Layout::kSubTiles;
   const int lane = threadIdx.x % 32;
@@ -481,9 +531,9 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
   const int first_row = wg_m * Layout::kRowsPerWarpgroup + ((threadIdx.x % 128) / 32) * 16 + lane / 4;
   const int b_slot = Layout::kBlockM + (Layout::kWarpgroupsMValue == 2 ? 0 : wg_n);
 #pragma unroll
-  for (int s = 0; s < kSubTilesM; ++s)
+  for (int g = 0; g < Layout::kGroups; ++g)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
+    for (int i = 0; i < 64; ++i) accumulator[g][i] = 0.0f;
   for (int kb = 0; kb < k_blocks; ++kb) {
     barrier_wait(&smem.full[cursor.stage], cursor.phase);
     const float* slot = smem.scales + cursor.stage * Layout::kScaleFloats;
@@ -492,13 +542,21 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
     for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
       for (int h = 0; h < 2; ++h) scale_a[s][h] = slot[first_row + 64 * s + 8 * h];
-    const float scale_b = slot[b_slot];
+    float scale_b[Layout::kGroupsN][2];  // fp8_kblock_groups: [n-half][8-column group parity]
+#pragma unroll
+    for (int n = 0; n < Layout::kGroupsN; ++n) {
+      // v9: gate block (even groups) and up block (odd groups) of the tile, for both n-halves.
+      scale_b[n][0] = slot[b_slot];
+      scale_b[n][1] = slot[Layout::kGateUpInterleaved8 ? b_slot + 1 : b_slot];
+    }
     const uint32_t a_stage = kmajor_sw128_descriptor_low(smem_address(
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
     const uint32_t b_stage =
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
     fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor,
                                           active_sub_tiles);
+    if constexpr (Layout::kGateUpInterleaved8 && kSchedule == MathSchedule::kSerial)
+      if (kb + 1 == skew_hand_over_kblocks) named_barrier_arrive_order_only<kV9SkewBarrier, 256>();
   }
 }
 
@@ -506,11 +564,11 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
 // one k-block ahead (the fused kernel; scales written during its launch need kCoherentScales).
 template <class Layout, bool kCoherentScales, MathSchedule kSchedule>
 __device__ __forceinline__ void fp8_tile_mainloop_global_scales(
-    float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64], const Fp8GemmShared<Layout>& smem,
+    float (&accumulator)[Layout::kGroups][64], float (&partial)[64], const Fp8GemmShared<Layout>& smem,
     const MathRows<Layout::kSubTiles>& where, const float* a_scales_base, const float* b_scales, int k_blocks, int wg_m,
     int wg_n, PipelineCursor<Layout::kStageCount>& cursor, int active_sub_tiles) {
+  static_assert(Layout::kGroupsN == 1, "global scale loads: one 128-column group per sub-tile");
   constexpr int kSubTilesM = Layout::kSubTiles;
-  const int lane = threadIdx.x % 32;
   const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
   const float* a_scales[kSubTilesM][2];
 #pragma unroll
@@ -557,8 +615,9 @@ __device__ __forceinline__ void fp8_tile_mainloop_global_scales(
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
     const uint32_t b_stage =
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
-    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor,
-                                          active_sub_tiles);
+    const float scale_b_pair[1][2] = {{scale_b, scale_b}};
+    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b_pair, a_stage, b_stage, turn,
+                                          cursor, active_sub_tiles);
   }
 }
 
@@ -568,12 +627,13 @@ __device__ __forceinline__ void fp8_tile_mainloop_global_scales(
 // every wgmma group is issued between take() and hand_over() of the issue token (IssueTurn above;
 // start()/finish() are the caller's, once per kernel).
 template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
-__device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
+__device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kGroups][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
                                                   const float* b_scales, int k_blocks, int wg_m, int wg_n,
                                                   PipelineCursor<Layout::kStageCount>& cursor,
-                                                  int active_sub_tiles = Layout::kSubTiles) {
+                                                  int active_sub_tiles = Layout::kSubTiles,
+                                                  int skew_hand_over_kblocks = 0) {
   // kOrderedIssue passes the issue token once per group: both warpgroups must issue every group.
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) active_sub_tiles = Layout::kSubTiles;
   if constexpr (kSchedule == MathSchedule::kHalfOverlap)
@@ -581,7 +641,7 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
                                                             k_blocks, wg_m, wg_n, cursor);
   else if constexpr (Layout::kScalesInShared)
     fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, k_blocks, wg_m, wg_n, cursor,
-                                                       active_sub_tiles);
+                                                       active_sub_tiles, skew_hand_over_kblocks);
   else
     fp8_tile_mainloop_global_scales<Layout, kCoherentScales, kSchedule>(accumulator, partial, smem, where,
                                                                         a_scales_base, b_scales, k_blocks, wg_m, wg_n,
@@ -775,7 +835,6 @@ __device__ __forceinline__ void store_bf16_epilogue_bulk(const float (&accumulat
 // exchange round; lanes 0..7 copy row r = lane when valid. The exchange buffer is written again by the
 // next sub-tile (or tile): every sub-tile starts with the issuing lanes' bulk_wait_all_read() and a
 // barrier over both math warpgroups. The caller runs bulk_wait_all() before the kernel exits.
-constexpr int kFp8StagingPitch = 128 + 16;  // bytes: 16-byte aligned rows, 2-byte writes conflict-free
 template <class Layout, bool kCoherentScales, int kKeep, bool kBulkStore = false>
 __device__ __forceinline__ void swiglu_quant_fp8_finish_rows(float (&accumulator)[Layout::kSubTiles][64],
                                                              float* exchange, const MathRows<Layout::kSubTiles>& where,
@@ -883,6 +942,87 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
                                                              topk_weights, out, out_scales, activation, limit, alpha);
 }
 
+// v9 GEMM-1 epilogue (Epilogue::kSwigluInterleavedFp8, the standalone kernel): a split-M 128 x 256 tile
+// on gate/up-interleaved-by-8 weights (grouped_gemm.h, kGateUpInterleaved8), so this math warpgroup's
+// accumulator[n] (n-half n of the tile's 256 packed columns) holds, for each of its 64 rows, gate AND up
+// of the same outputs. Fragment register 4j + 2r + c of n-half n = tile row first_row + 16 w + 8 r + g
+// (w = warp in the warpgroup, g = lane / 4), packed column 128 n + 8 j + 2 q + c (q = lane % 4), i.e.
+// with p = j / 2:  j = 2p: gate of output column 64 n + 8 p + 2 q + c;  j = 2p + 1: up of that column.
+// So the epilogue never leaves the warp: activate(gate, up) per register pair, the row's amax over its
+// 128 outputs (32 per lane, the quad's 4 lanes: 2 shuffles), the top-k weight and the per-128
+// quantization with the formulas of swiglu_quant_fp8_finish_rows (same operations on the same FP32
+// accumulators: bit-identical codes and scales), the codes into the warp's staging rows, then one
+// 128-byte bulk copy per valid row (v8c style). Output block n_tile = columns [128 n_tile, +128).
+// NOTES:
+// - Staging: math warp v = threadIdx.x / 32 - 4 (0..7 over both math warpgroups) owns the 16 rows
+//   [16 v, 16 v + 16) x kFp8StagingPitch of `staging_base` (Layout::kFp8RowStagingBytes); staging row
+//   8 r + g = this warp's tile row 16 w + 8 r + g, output column c at byte c. Only this warp writes and
+//   copies them, so __syncwarp orders both hazards: no named barrier, nothing shared with the other
+//   math warpgroup (which may be in its mainloop meanwhile).
+// - Before the staging writes every lane runs bulk_wait_all_read() (its earlier copies, the previous
+//   tile's, have read their rows; lanes that issued none return at once) and __syncwarp; after them
+//   fence.proxy.async.shared::cta (generic-proxy writes visible to the bulk copy) + __syncwarp, then
+//   lane i < 16 copies staging row i to global row first_row + 16 w + i if that is < m_end and commits
+//   one bulk group. The caller runs bulk_wait_all() before the kernel exits.
+// - The activation overwrites the gate registers in place (no extra live registers across the amax).
+// - Bank math (st.shared.b16): lane 4g + q writes byte 144 (8 r + g) + 64 n + 8 p + 2 q, word
+//   36 (8 r + g) + 16 n + 2 p + q / 2; 36 = 4 (mod 32), so the 32 lanes touch 16 words in 16 distinct
+//   banks (lanes 2i, 2i + 1 share a word: no conflict).
+// - Rows >= m_end (the next expert's, or padding) are computed but never stored (their A scales are 0).
+template <bool kCoherentScales>
+__device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulator)[2][64], uint8_t* staging_base,
+                                                               int first_row, int m_end, int n_tile, int out_cols,
+                                                               const float* topk_weights, uint8_t* out,
+                                                               float* out_scales, int activation, float limit,
+                                                               float alpha) {
+  const int lane = threadIdx.x % 32;
+  const int q = lane % 4;
+  const int warp_row = first_row + 16 * ((threadIdx.x / 32) % 4);  // global row of staging row 0
+  uint8_t* staging = staging_base + (threadIdx.x / 32 - 4) * 16 * kFp8StagingPitch;
+  bulk_wait_all_read();
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int p = 0; p < 8; ++p)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float value = activate(accumulator[n][8 * p + 2 * r + c], accumulator[n][8 * p + 4 + 2 * r + c],
+                                       activation, limit, alpha);
+          accumulator[n][8 * p + 2 * r + c] = value;
+          amax = fmaxf(amax, fabsf(value));
+        }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const int row = warp_row + 8 * r + lane / 4;
+    const bool valid = row < m_end;
+    const float weight = topk_weights && valid ? load_scale<kCoherentScales>(topk_weights + row) : 1.0f;
+    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax, fabsf(weight)), 1e-10f), 448.0f);
+    const uint32_t row_base = smem_address(staging + (8 * r + lane / 4) * kFp8StagingPitch + 2 * q);
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[n][8 * p + 2 * r], weight), scale),
+                                        __fdiv_rn(__fmul_rn(accumulator[n][8 * p + 2 * r + 1], weight), scale));
+        st_shared_b16(row_base + 64 * n + 8 * p, __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3));
+      }
+    if (valid && q == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
+  }
+  fence_proxy_async_shared();
+  __syncwarp();
+  if (lane < 16) {
+    const int row = warp_row + lane;
+    if (row < m_end)
+      bulk_copy_shared_to_global(out + static_cast<int64_t>(row) * out_cols + n_tile * 128,
+                                 staging + lane * kFp8StagingPitch, 128);
+    bulk_commit_group();
+  }
+}
+
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
 // Shared-memory layout of the standalone kernel: scales staged in shared memory (v8) except for the
 // kHalfOverlap schedule, which keeps its own software-pipelined global loads.
@@ -901,6 +1041,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   using Layout = StandaloneFp8Layout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue, kSchedule>;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kEpilogue != Epilogue::kSwigluQuantFp8 || kWarpgroupsM == 1, "SwiGLU epilogue needs split-N");
+  static_assert(kEpilogue != Epilogue::kSwigluInterleavedFp8 || kSchedule != MathSchedule::kHalfOverlap,
+                "v9 GEMM 1: serial and ordered-issue schedules (shared scales)");
 
   extern __shared__ uint8_t shared_raw[];
   const Fp8GemmShared<Layout> smem(shared_raw);
@@ -947,8 +1089,10 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
           const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
           const float* b_scales =
               params.b_scales + (static_cast<int64_t>(expert) * n_blocks + (where.n_tile * kBlockN) / 128) * k_blocks;
-          produce_fp8_scales(smem, params.a_scales, b_scales, kWarpgroupsM == 2 ? b_scales : b_scales + k_blocks,
-                             where.m0, where.m_end, k_blocks, cursor);
+          // Second B scale: split-N, the up warpgroup's block; v9, the tile's up block (Layout NOTES).
+          const bool two_blocks = kWarpgroupsM == 1 || Layout::kGateUpInterleaved8;
+          produce_fp8_scales(smem, params.a_scales, b_scales, two_blocks ? b_scales + k_blocks : b_scales, where.m0,
+                             where.m_end, k_blocks, cursor);
         }
         cp_async_wait_all();
         return;
@@ -974,10 +1118,15 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   PipelineCursor<kStages> cursor;
   int expert = 0;
-  float accumulator[kSubTilesM][64];
+  float accumulator[Layout::kGroups][64];
   float partial[64];
   const IssueTurn turn{math_wg};
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.start();
+  // v9 skew (kV9SkewBarrier NOTES): warpgroup 0 hands over after `skew` k-blocks of its first tile.
+  int skew = 0;
+  if constexpr (Layout::kGateUpInterleaved8 && kSchedule == MathSchedule::kSerial)
+    skew = blockIdx.x < total_tiles ? min(params.v9_skew_kblocks, k_blocks) : 0;
+  if (skew > 0 && math_wg == 1) named_barrier_sync_order_only<kV9SkewBarrier, 256>();
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
@@ -985,7 +1134,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const float* b_scales = params.b_scales + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
     fp8_tile_mainloop<Layout, false, kSchedule>(
         accumulator, partial, smem, where, params.a_scales, b_scales, k_blocks, wg_m, wg_n, cursor,
-        active_sub_tiles(t.m_end - t.m0, wg_m * Layout::kRowsPerWarpgroup, kSubTilesM));
+        active_sub_tiles(t.m_end - t.m0, wg_m * Layout::kRowsPerWarpgroup, kSubTilesM),
+        tile == static_cast<int>(blockIdx.x) && math_wg == 0 ? skew : 0);
     if constexpr (kEpilogue == Epilogue::kStoreBf16) {
       __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
       const int out_cols = params.n;
@@ -993,6 +1143,11 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
           accumulator, smem.bf16_staging + math_wg * Layout::kStagingRowsValue * kBf16StagingPitch,
           t.m0 + wg_m * Layout::kRowsPerWarpgroup, t.m_end, t.n_tile * kBlockN + wg_n * 128,
           [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+    } else if constexpr (kEpilogue == Epilogue::kSwigluInterleavedFp8) {
+      swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.fp8_row_staging, t.m0 + wg_m * Layout::kRowsPerWarpgroup,
+                                            t.m_end, t.n_tile, params.n / 2, params.topk_weights,
+                                            static_cast<uint8_t*>(params.out), params.out_scales, params.activation,
+                                            params.limit, params.alpha);
     } else {
       swiglu_quant_fp8_epilogue<Layout, false, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
                                                params.topk_weights, static_cast<uint8_t*>(params.out),
@@ -1000,7 +1155,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     }
   }
   if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.finish();
-  bulk_wait_all();  // both epilogues' bulk copies (store_bf16_epilogue_bulk, swiglu_quant_fp8_finish_rows NOTES)
+  bulk_wait_all();  // the epilogues' bulk copies (store_bf16_epilogue_bulk, swiglu_quant_fp8_finish_rows, v9 NOTES)
 }
 
 }  // namespace megamoe::kernels::sm90

@@ -25,8 +25,9 @@ struct TileConfig {
   int warpgroups_m;  // 2: split-M; 1: split-N
   int sub_tiles_m;   // 64-row wgmma sub-tiles per math warpgroup
   int stages;
+  int groups_n = 1;  // 128-column wgmma groups per math warpgroup (2: GEMM 1 v9, gate/up interleaved by 8)
   constexpr int block_m() const { return 64 * sub_tiles_m * warpgroups_m; }
-  constexpr int block_n() const { return 128 * (kMathWarpgroups / warpgroups_m); }
+  constexpr int block_n() const { return 128 * groups_n * (kMathWarpgroups / warpgroups_m); }
 };
 
 // Small groups (<= 64 rows per expert): weight-stream bound, the smallest M tile wastes least.
@@ -34,6 +35,9 @@ constexpr TileConfig kSplitNSmall{1, 1, 4};   //  64 x 256, 40 KiB/stage
 constexpr TileConfig kSplitNLarge{1, 2, 4};   // 128 x 256, 48 KiB/stage (+16 KiB SwiGLU exchange)
 constexpr TileConfig kSplitMSmall{2, 1, 6};   // 128 x 128, 32 KiB/stage
 constexpr TileConfig kSplitMLarge{2, 2, 4};   // 256 x 128, 48 KiB/stage
+// GEMM 1 v9 (docs/grouped_gemm.md "v9"): split-M 128 x 256, each math warpgroup 64 rows x all 256
+// columns as 2 groups of 128; needs the gate/up-interleaved-by-8 weight layout (GemmRole::kGateUpInterleaved8).
+constexpr TileConfig kGateUpInterleaved{2, 1, 4, 2};  // 128 x 256, 48 KiB/stage (+18 KiB FP8 row staging)
 
 // Large tiles raise the FLOPs per byte fetched from L2 (128x256: 85 FLOP/B vs 64x256: 51, 128x128: 64),
 // which bounds these kernels at large M; they pay off once an expert fills most of a 128/256-row tile.
@@ -81,6 +85,12 @@ enum class MathSchedule : int { kSerial = 0, kOrderedIssue = 1, kHalfOverlap = 2
 // (scripts/gpu_gemm_pingpong.sh) shows kOrderedIssue faster; the env MEGAMOE_FP8_GEMM_SCHEDULE and the
 // per-call args override it (grouped_gemm.cu).
 inline MathSchedule choose_math_schedule(int /*rows_per_expert_hint*/) { return MathSchedule::kSerial; }
+
+// GEMM 1 v9 is chosen by the weights, not here: grouped_gemm1_fp8 runs kGateUpInterleaved for every
+// rows hint when the weights were packed with GemmRole::kGateUpInterleaved8 (a 64-row expert then
+// runs one active warpgroup: active_sub_tiles skips the other's MMAs), and the split-N tiles above for
+// GemmRole::kGateUp. Which packing the staged backend makes is its load-time choice
+// (MEGAMOE_FP8_GEMM1_V9, default off until a same-run A/B shows v9 faster).
 
 // W4A8 (sm90_w4a8_grouped_gemm.cuh): always split-N, 256 columns; 64 or 128 rows chosen as for GEMM 1
 // (the FP4 decode costs the same per weight byte for both, so the larger tile halves it per FLOP).

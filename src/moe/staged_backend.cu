@@ -90,6 +90,14 @@ class StagedBackend final : public MoeBackend {
     first_expert_ = ep->rank() * local_experts_;
     w4a8_ = config.weight_format == WeightFormat::kNvfp4 || config.weight_format == WeightFormat::kMxfp4;
     fp8_ = config.weight_format == WeightFormat::kFp8Block || w4a8_;  // FP8 activations
+    // GEMM-1 weight layout, i.e. which FP8-block GEMM-1 kernel runs (grouped_gemm.h): the packed layout is
+    // made once at load time, so the choice is made here, per backend. MEGAMOE_FP8_GEMM1_V9=1 selects
+    // v9 (gate/up interleaved by 8, split-M 128 x 256); default the split-N tiles until a same-run A/B
+    // shows v9 faster (docs/grouped_gemm.md "v9"). W4A8 / BF16 keep their own layouts.
+    if (config.weight_format == WeightFormat::kFp8Block) {
+      const char* v9 = std::getenv("MEGAMOE_FP8_GEMM1_V9");
+      gate_up_packing_ = v9 && std::string(v9) == "1" ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
+    }
     if (!workspace) workspace = make_moe_workspace();  // one layer: a private region
     workspace_ = workspace;
     const int64_t H = config.hidden, I = config.intermediate, E = local_experts_;
@@ -159,7 +167,7 @@ class StagedBackend final : public MoeBackend {
                        kernels::GemmRole::kGateUp);
       copy_w4a8_matrix("w2", w.w2, H, I, local_expert, w2_, w2_group_scales_, w2_blocks_, kernels::GemmRole::kDown);
     } else {
-      copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_, kernels::GemmRole::kGateUp);
+      copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_, gate_up_packing_);
       copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_, kernels::GemmRole::kDown);
     }
     loaded_[local_expert] = true;
@@ -260,6 +268,7 @@ class StagedBackend final : public MoeBackend {
       g1.intermediate = I;
       g1.rows_per_expert_hint = rows_hint;
       g1.activation = config_.activation;
+      g1.packing = gate_up_packing_;  // the layout load_expert packed
       kernels::grouped_gemm1_fp8(g1, s);
       mark_phase(2, s);  // after GEMM 1
       kernels::GroupedGemm2Fp8Args g2;
@@ -404,6 +413,7 @@ class StagedBackend final : public MoeBackend {
   EpDispatcher* io_ = nullptr;  // scratch_->io
   int local_experts_ = 0, first_expert_ = 0;
   bool fp8_ = false, w4a8_ = false, destroyed_ = false, warmed_up_ = false;
+  kernels::GemmRole gate_up_packing_ = kernels::GemmRole::kGateUp;  // FP8-block W13 layout (constructor)
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;
   void *w13_ = nullptr, *w2_ = nullptr, *act_ = nullptr;

@@ -84,6 +84,62 @@ TEST(GroupedGemmLayout, RejectsBadMatrices) {
   expect_error(ragged, kernels::GemmRole::kDown, "weight cols = 200");
 }
 
+// v9 layout (kGateUpInterleaved8): every canonical row lands exactly once (round trip back to the
+// canonical matrix), in the position the v9 kernel's fragment arithmetic assumes, and the scales are
+// kGateUp's: packed block 2j = gate block j, 2j + 1 = up block j, each the canonical block of its rows.
+TEST(GroupedGemmLayout, GateUpInterleaved8RoundTripAndFragmentPairs) {
+  const int64_t intermediate = 384, hidden = 256;
+  const auto m = random_fp8_matrix(2 * intermediate, hidden, 13);
+  const auto size = kernels::packed_weight_bytes(WeightFormat::kFp8Block, m.rows, m.cols);
+  std::vector<uint8_t> data(size.data_bytes, 0xAB);
+  std::vector<float> scales(size.scale_count, -1.0f);
+  kernels::pack_expert_weights(m, kernels::GemmRole::kGateUpInterleaved8, data.data(), scales.data());
+  // Where the kernel expects canonical row `row` (gate: row < I; up: row >= I): output column o = row % I
+  // of n-tile o / 128, packed columns 128 n + 8 jf + 2 q + c of the m64n128 fragment with gate at even
+  // jf and up at jf + 1 (sm90_fp8_grouped_gemm.cuh, swiglu_quant_fp8_rows_epilogue): o % 128 = 64 n + 8 p + t.
+  const auto packed_position = [&](int64_t row) {
+    const bool up = row >= intermediate;
+    const int64_t o = row % intermediate, tile = o / 128, c = o % 128;
+    const int64_t n = c / 64, p = (c % 64) / 8, t = c % 8;
+    const int64_t fragment_group = 2 * p + (up ? 1 : 0);  // jf
+    return 256 * tile + 128 * n + 8 * fragment_group + t;
+  };
+  std::vector<uint8_t> unpacked(m.data.size(), 0);
+  std::vector<int> hits(m.rows, 0);
+  for (int64_t row = 0; row < m.rows; ++row) {
+    const int64_t packed_row = packed_position(row);
+    ASSERT_LT(packed_row, m.rows);
+    ++hits[packed_row];
+    std::copy_n(data.begin() + packed_row * hidden, hidden, unpacked.begin() + row * hidden);
+  }
+  for (int64_t r = 0; r < m.rows; ++r) ASSERT_EQ(hits[r], 1) << "packed row " << r;
+  EXPECT_EQ(unpacked, m.data) << "round trip through the fragment mapping";
+  // The gate and up rows of one output sit 8 rows apart in the same 128-row n-half.
+  for (int64_t o = 0; o < intermediate; ++o) {
+    const int64_t g = packed_position(o), u = packed_position(intermediate + o);
+    EXPECT_EQ(u, g + 8);
+    EXPECT_EQ(g / 128, u / 128);
+    EXPECT_EQ((g % 128) / 8 % 2, 0);
+  }
+  const int64_t k_blocks = hidden / 128, blocks = intermediate / 128;
+  std::vector<uint8_t> split_n_data(size.data_bytes);
+  std::vector<float> split_n_scales(size.scale_count);
+  kernels::pack_expert_weights(m, kernels::GemmRole::kGateUp, split_n_data.data(), split_n_scales.data());
+  EXPECT_EQ(scales, split_n_scales);
+  for (int64_t j = 0; j < blocks; ++j)
+    for (int64_t kb = 0; kb < k_blocks; ++kb) {
+      EXPECT_EQ(scales[(2 * j) * k_blocks + kb], m.block_scales[j * k_blocks + kb]);
+      EXPECT_EQ(scales[(2 * j + 1) * k_blocks + kb], m.block_scales[(blocks + j) * k_blocks + kb]);
+    }
+  // Only FP8 block (the v9 kernel), and the W13 shape rule as kGateUp.
+  auto bf16 = m;
+  bf16.format = WeightFormat::kBf16;
+  bf16.data.resize(m.data.size() * 2);
+  bf16.block_scales.clear();
+  expect_error(bf16, kernels::GemmRole::kGateUpInterleaved8, "fp8_block weights only");
+  expect_error(random_fp8_matrix(384, 256, 14), kernels::GemmRole::kGateUpInterleaved8, "must be a multiple of 256");
+}
+
 TEST(GroupedGemmLayout, Bf16GateUpInterleavesRowsAndHasNoScales) {
   const int64_t intermediate = 256, hidden = 128;
   formats::QuantizedMatrix m;

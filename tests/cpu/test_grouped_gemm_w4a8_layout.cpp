@@ -126,6 +126,12 @@ TEST(GroupedGemmW4a8Layout, RejectsNanScalesAndBadShapes) {
     EXPECT_NE(std::string(error.what()).find("rows = 384"), std::string::npos) << error.what();
   }
   EXPECT_THROW(kernels::packed_w4a8_size(WeightFormat::kFp8Block, 256, 128), Error);
+  try {  // the v9 GEMM-1 layout is FP8-block only: W4A8 must not pack it as kGateUp silently
+    pack(random_fp4_matrix(WeightFormat::kMxfp4, 256, 128, 13), kernels::GemmRole::kGateUpInterleaved8);
+    FAIL() << "kGateUpInterleaved8 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("must be kGateUp or kDown"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace

@@ -502,10 +502,11 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
   std::mt19937_64 rng(seed + 1);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   for (auto& t : topk) t = weight(rng);
-  // Pack each expert into the kernel layout through the public transform.
+  // Pack each expert into the kernel layout through the public transform: the split-N layout (kGateUp)
+  // and the v9 one (kGateUpInterleaved8).
   const auto size = kernels::packed_weight_bytes(WeightFormat::kFp8Block, 2 * intermediate, hidden);
-  std::vector<uint8_t> packed(size.data_bytes * p.experts);
-  std::vector<float> packed_scales(size.scale_count * p.experts);
+  std::vector<uint8_t> packed(size.data_bytes * p.experts), packed_v9(size.data_bytes * p.experts);
+  std::vector<float> packed_scales(size.scale_count * p.experts), packed_scales_v9(size.scale_count * p.experts);
   for (int e = 0; e < p.experts; ++e) {
     formats::QuantizedMatrix m;
     m.format = WeightFormat::kFp8Block;
@@ -515,8 +516,11 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
     m.block_scales.assign(p.w_scales.begin() + e * size.scale_count, p.w_scales.begin() + (e + 1) * size.scale_count);
     kernels::pack_expert_weights(m, kernels::GemmRole::kGateUp, packed.data() + e * size.data_bytes,
                                  packed_scales.data() + e * size.scale_count);
+    kernels::pack_expert_weights(m, kernels::GemmRole::kGateUpInterleaved8, packed_v9.data() + e * size.data_bytes,
+                                 packed_scales_v9.data() + e * size.scale_count);
   }
   DeviceBuffer a(p.a), a_scales(p.a_scales), w(packed), w_scales(packed_scales), offsets(p.offsets), topk_d(topk);
+  DeviceBuffer w_v9(packed_v9), w_scales_v9(packed_scales_v9);
   DeviceBuffer out(p.capacity * intermediate), out_scales(p.capacity * (intermediate / 128) * sizeof(float));
   poison_device_buffer(out.data, out.bytes);
   poison_device_buffer(out_scales.data, out_scales.bytes);
@@ -550,6 +554,29 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
     EXPECT_TRUE(serial.first == q) << "pingpong and serial codes differ";
     EXPECT_EQ(std::memcmp(serial.second.data(), scales.data(), scales.size() * sizeof(float)), 0)
         << "pingpong and serial scales differ";
+  }
+  // v9 (split-M 128 x 256 on the interleaved weights, every rows hint): the same FP32 accumulators
+  // (same wgmma per element, same promotion) and the same epilogue arithmetic, so codes and scales must
+  // equal the split-N kernel's bit for bit; the split-N outputs are judged against the references
+  // below, so v9's are too. kOverlap has no v9 form (rejected: RejectsBadGemm1Packing).
+  if (schedule != Fp8GemmSchedule::kOverlap) {
+    args.weights = w_v9.as<uint8_t>();
+    args.weight_scales = w_scales_v9.as<float>();
+    args.packing = kernels::GemmRole::kGateUpInterleaved8;
+    const auto v9 = run_once(schedule);
+    dump_gemm1_outputs(seed, rows_hint, (std::string(schedule_name(schedule)) + "_v9").c_str(), v9.first, v9.second);
+    int64_t code_diffs = 0;
+    for (size_t i = 0; i < q.size(); ++i)
+      if (v9.first[i] != q[i] && code_diffs++ < 5)
+        ADD_FAILURE() << "v9 code [" << i / intermediate << ", " << i % intermediate << "] = " << int{v9.first[i]}
+                      << ", split-N " << int{q[i]};
+    EXPECT_EQ(code_diffs, 0) << "v9 vs split-N codes";
+    EXPECT_EQ(std::memcmp(v9.second.data(), scales.data(), scales.size() * sizeof(float)), 0)
+        << "v9 and split-N scales differ";
+    std::printf("gemm1 v9 vs split-N: %lld / %zu codes differ\n", static_cast<long long>(code_diffs), q.size());
+    args.weights = w.as<uint8_t>();
+    args.weight_scales = w_scales.as<float>();
+    args.packing = kernels::GemmRole::kGateUp;
   }
 
   const int groups = intermediate / 128;
@@ -683,6 +710,76 @@ TEST(GroupedGemmFp8, Gemm1SwigluClampedNoTopk) {
 TEST(GroupedGemmFp8, Gemm1DeepHidden) {
   MEGAMOE_REQUIRE_GPUS(1);
   run_gemm1({33, 0, 80}, 7168, 256, 23, Activation{}, true);
+}
+
+// v9 with several tiles per CTA (the per-warp staging rows are reused tile after tile: the bulk-read
+// wait before each tile's staging writes; the scale ring over many tiles), 300 experts of 0..70 rows
+// (0, 1, 64 and 65 forced in), exact inputs: v9 == split-N bit for bit (run_gemm1) and both equal to the
+// device evaluation of the epilogue arithmetic; both activations, with and without top-k.
+TEST(GroupedGemmFp8, Gemm1V9ManyTilesPerCta) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  std::mt19937_64 rng(61);
+  std::vector<int> counts(300);
+  for (auto& c : counts) c = static_cast<int>(rng() % 71);
+  counts[0] = 0, counts[1] = 1, counts[2] = 64, counts[3] = 65, counts[299] = 0;
+  Activation clamped;
+  clamped.kind = Activation::Kind::kSwigluClamped;
+  clamped.limit = 7.0f;
+  clamped.alpha = 1.702f;
+  run_gemm1(counts, 128, 256, 62, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
+  run_gemm1(counts, 128, 384, 63, clamped, false, true, 128, Fp8GemmSchedule::kPingPong, false);
+  // The v9 skew (warpgroup 1 that many k-blocks behind; the v9 run inside run_gemm1 reads it from the
+  // environment): 3 with one k-block (clamped), 4 (the whole ring) with 8 k-blocks per tile.
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM1_V9_SKEW", "3", 1), 0);
+  run_gemm1(counts, 128, 256, 64, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM1_V9_SKEW", "4", 1), 0);
+  run_gemm1({33, 0, 1, 200, 64, 129}, 1024, 256, 65, clamped, true, true, 0, Fp8GemmSchedule::kSerial, false);
+  unsetenv("MEGAMOE_FP8_GEMM1_V9_SKEW");
+}
+
+// Runs without a GPU: the GEMM-1 packing is checked before any CUDA call.
+TEST(GroupedGemmFp8, RejectsBadGemm1Packing) {
+  alignas(16) static uint8_t fake[64];
+  kernels::GroupedGemm1Fp8Args args;
+  args.a = args.weights = args.out = fake;
+  args.a_scales = args.weight_scales = args.out_scales = reinterpret_cast<float*>(fake);
+  args.expert_offsets = reinterpret_cast<const int32_t*>(fake);
+  args.m_capacity = 16;
+  args.num_experts = 1;
+  args.hidden = args.intermediate = 128;
+  args.schedule = Fp8GemmSchedule::kSerial;
+  args.packing = kernels::GemmRole::kDown;
+  try {
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    ADD_FAILURE() << "packing kDown accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("packing = 1"), std::string::npos) << error.what();
+  }
+  args.packing = kernels::GemmRole::kGateUpInterleaved8;
+  args.schedule = Fp8GemmSchedule::kOverlap;
+  try {
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    ADD_FAILURE() << "v9 with the overlap schedule accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("schedule overlap is not available"), std::string::npos) << error.what();
+  }
+  args.schedule = Fp8GemmSchedule::kSerial;
+  args.v9_skew_kblocks = 5;
+  try {
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    ADD_FAILURE() << "v9 skew 5 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("v9_skew_kblocks (or MEGAMOE_FP8_GEMM1_V9_SKEW) = 5"), std::string::npos)
+        << error.what();
+  }
+  args.schedule = Fp8GemmSchedule::kPingPong;
+  args.v9_skew_kblocks = 2;
+  try {
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    ADD_FAILURE() << "v9 skew with pingpong accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("needs the serial schedule"), std::string::npos) << error.what();
+  }
 }
 
 // v5 schedules (docs/grouped_gemm.md): every tile config under kPingPong and kOverlap against the

@@ -17,6 +17,12 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                      app.add_option("--schedule", options->schedule,
                                     "FP8 schedule: auto, serial (v4), pingpong / overlap (v5), all (A/B per point)")
                          ->check(CLI::IsMember({"auto", "serial", "pingpong", "overlap", "all"}));
+                     app.add_option("--gemm1-v9", options->gemm1_v9,
+                                    "FP8 GEMM 1 kernel: off (split-N, v8c), on (v9, interleaved weights), both "
+                                    "(off in the main columns, v9 timed right after it per point)")
+                         ->check(CLI::IsMember({"off", "on", "both"}));
+                     app.add_option("--v9-skews", options->v9_skews,
+                                    "with --gemm1-v9 on/both: v9 skews (k-blocks, 0..4) to time; on: the first");
                      app.add_option("--json", options->json_path, "write results as JSON here");
                      return [options] { return megamoe::bench::run_gemm_bench(*options); };
                    });
