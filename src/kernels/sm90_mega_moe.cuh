@@ -402,6 +402,12 @@ __device__ __forceinline__ const uint8_t* mega_w4a8_group_scales(const uint8_t* 
 // <= 504 (sm90_fp8_grouped_gemm.cuh: a larger producer share hangs setmaxnreg.inc).
 constexpr uint32_t kMegaProducerRegisters = 40, kMegaMathRegisters = 232;
 static_assert(kMegaProducerRegisters + 2 * kMegaMathRegisters <= 504, "the launch's 168 x 384 registers");
+// W4A8: the producer is the TMA thread alone (no scale warp), and the math warpgroups hold the decode
+// state beside 128 accumulators + 64 partials at 128-row tiles, so they get the standalone FP8 kernel's
+// 24 / 240 split (ptxas, 128 x 256 nvfp4: 232 B of spill stores at 40 / 232, 108 B at 24 / 240; 64 x 256:
+// none either way).
+constexpr uint32_t kMegaW4a8ProducerRegisters = 24, kMegaW4a8MathRegisters = 240;
+static_assert(kMegaW4a8ProducerRegisters + 2 * kMegaW4a8MathRegisters <= 504, "the launch's 168 x 384 registers");
 
 // Dynamic shared memory: the grouped GEMM's (stages, SwiGLU exchange, barriers, tile table) plus the
 // expert offsets [E_local + 1].
@@ -532,7 +538,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   const int lane = threadIdx.x % 32;
 
   if (warpgroup == 0) {
-    registers_decrease<kMegaProducerRegisters>();
+    registers_decrease<kW4a8 ? kMegaW4a8ProducerRegisters : kMegaProducerRegisters>();
     // Thread 0 issues the operands' TMA; with Layout::kScalesInShared (FP8) warp 1 is the scale warp
     // (produce_fp8_scales): same tile walk, same waits, the stage's A and B scales by cp.async.
     const bool tma_thread = threadIdx.x == 0;
@@ -583,7 +589,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
     return;
   }
 
-  registers_increase<kMegaMathRegisters>();
+  registers_increase<kW4a8 ? kMegaW4a8MathRegisters : kMegaMathRegisters>();
   const int math_wg = warpgroup - 1;
   const int thread_in_wg = threadIdx.x % 128;
   const int math_thread = threadIdx.x - 128;  // 0..255
