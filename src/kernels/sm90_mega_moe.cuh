@@ -1,13 +1,17 @@
-// MegaMoE, sm_90a, FP8-block or BF16 weights: ONE persistent kernel per forward does quantize + dispatch
+// MegaMoE, sm_90a, FP8-block, W4A8 (NVFP4 / MXFP4) or BF16 weights: ONE persistent kernel per forward does quantize + dispatch
 // (pull), GEMM 1 (+ SwiGLU + optional top-k weight + FP8 requant / BF16 rounding), GEMM 2 with its BF16
 // rows stored straight into the source rank's combine slots over NVLink, and the fixed-order top-k
 // reduction. Launcher at the bottom; the typed API is src/moe/mega_backend.cu; design and buffers:
 // docs/mega.md.
 //
-// One kernel template, two formats (MegaFormat): only what the tokens look like on the wire and which
+// One kernel template, four formats (MegaFormat): only what the tokens look like on the wire and which
 // GEMM device code runs differs; dispatch, counters, waits, reduce and cleanup are the same code.
 //   kFp8Block  tokens travel as e4m3 + per-128 scales; GEMMs from sm90_fp8_grouped_gemm.cuh, GEMM-1
 //              output requantized to e4m3 + scales.
+//   kNvfp4,    tokens and GEMM-1 output exactly as kFp8Block (same stage / pull / scale code); GEMMs from
+//   kMxfp4     sm90_w4a8_grouped_gemm.cuh (FP4 weights + group scales decoded to FP8 in shared memory
+//              in the mainloop, its SwiGLU-quant epilogue for GEMM 1; GEMM 2's BF16 rows leave through
+//              store_bf16_epilogue_bulk as for FP8). docs/mega.md "W4A8".
 //   kBf16      tokens travel as their bf16 rows (no scales); GEMMs from sm90_bf16_grouped_gemm.cuh,
 //              GEMM-1 output rounded to bf16 exactly as the staged BF16 path does.
 //
@@ -71,22 +75,28 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "kernels/sm90_bf16_grouped_gemm.cuh"
 #include "kernels/sm90_ep_common.cuh"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
+#include "kernels/sm90_w4a8_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
 #include "moe/mega_phase_times.h"
 
 namespace megamoe::kernels {
 
 // Weight (and token) format of one mega launch; see the header comment.
-enum class MegaFormat : int { kFp8Block = 0, kBf16 = 1 };
+enum class MegaFormat : int { kFp8Block = 0, kBf16 = 1, kNvfp4 = 2, kMxfp4 = 3 };
 // Bytes per element of the tokens and activations the GEMMs read (their TMA rows are P * K bytes).
 constexpr int mega_element_bytes(MegaFormat format) { return format == MegaFormat::kBf16 ? 2 : 1; }
+// FP8 activations with per-128 scales (every format but BF16).
+constexpr bool mega_has_scales(MegaFormat format) { return format != MegaFormat::kBf16; }
+constexpr bool mega_is_w4a8(MegaFormat format) { return format == MegaFormat::kNvfp4 || format == MegaFormat::kMxfp4; }
 
 // Byte offsets of the regions of one rank's mega window (identical on every rank), each 256-aligned.
 // C = max tokens per rank, H = hidden, S = H / 128, k = top_k, E = global experts, P = bytes per token
-// element (1 for FP8-block, 2 for BF16), F = 1 for FP8-block (scales), 0 for BF16 (none):
+// element (1 for FP8-block / W4A8, 2 for BF16), F = 1 for FP8-block / W4A8 (scales), 0 for BF16 (none):
 //   ready              u64 [kMaxEpRanks]  ready[s] = epoch + 1 once rank s's src_* of this forward are complete
 //   pulled             u64 [kMaxEpRanks]  pulled[s] = epoch + 1 once rank s finished reading my src_*
 //   combine_pieces     u64 [kMaxEpRanks]  (row, 256-column tile) pieces rank s wrote into my combine_rows
@@ -106,7 +116,7 @@ struct MegaMoeLayout {
 inline MegaMoeLayout make_mega_moe_layout(int capacity, int hidden, int top_k, int num_experts, MegaFormat format) {
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };
   const size_t C = static_cast<size_t>(capacity), H = hidden, k = top_k;
-  const size_t P = mega_element_bytes(format), F = format == MegaFormat::kFp8Block ? 1 : 0;
+  const size_t P = mega_element_bytes(format), F = mega_has_scales(format) ? 1 : 0;
   MegaMoeLayout l{};
   size_t at = 0;
   l.ready = at; at = align(at + 8 * kMaxEpRanks);
@@ -139,6 +149,11 @@ struct MegaMoeParams {
   // packed weight scales, FP8 only (the data goes through the tensor maps)
   const float* w13_scales;  // [E_local, 2I/128, H/128]
   const float* w2_scales;   // [E_local, H/128, I/128]
+  // W4A8 only: the packed group scales and block records (grouped_gemm.h "W4A8", per local expert)
+  const uint8_t* w13_group_scales;  // [E_local, H/128, 2I, 128/group]
+  const uint8_t* w2_group_scales;   // [E_local, I/128, H, 128/group]
+  const sm90::W4a8BlockScaleDevice* w13_blocks;  // [E_local, 2I/128, H/128]
+  const sm90::W4a8BlockScaleDevice* w2_blocks;   // [E_local, H/128, I/128]
   // local state (device memory), zero between forwards
   uint64_t* epoch;             // forwards so far
   uint32_t* ctas_quantized;    // CTAs past phase 1
@@ -151,11 +166,11 @@ struct MegaMoeParams {
   int max_m_tiles;
   // grouped rows (local); P = mega_element_bytes(format)
   uint8_t* grouped_x;          // [max_rows, H] * P bytes: e4m3 | bf16
-  float* grouped_scales;       // [max_rows, S] (FP8 only)
+  float* grouped_scales;       // [max_rows, S] (FP8 / W4A8)
   RowSource* sources;          // [max_rows]
   float* row_weights;          // [max_rows]
   uint8_t* act;                // [max_rows, I] * P bytes: e4m3 | bf16
-  float* act_scales;           // [max_rows, I/128] (FP8 only)
+  float* act_scales;           // [max_rows, I/128] (FP8 / W4A8)
   int64_t max_rows;
   // Phase timing (MegaBackend::set_phase_timing): null when off (the kernel then reads no timer and
   // writes nothing extra); else [gridDim.x, kMegaPhaseStamps] globaltimer stamps, see mega_phase_times.h.
@@ -291,7 +306,7 @@ __device__ inline void stage_own_tokens(const MegaMoeParams& p, uint32_t* expect
 // A row is P * H bytes (P = mega_element_bytes), plus S scales for FP8.
 template <MegaFormat kFormat>
 __device__ inline void pull_tokens(const MegaMoeParams& p, const int* offsets, const int* tokens_of) {
-  constexpr bool kScales = kFormat == MegaFormat::kFp8Block;
+  constexpr bool kScales = mega_has_scales(kFormat);
   const int lane = threadIdx.x & 31;
   const int warps = blockDim.x / 32;
   const int warp_global = blockIdx.x * warps + static_cast<int>(threadIdx.x) / 32;
@@ -371,11 +386,33 @@ __device__ __forceinline__ void count_combine_pieces(const MegaMoeParams& p, int
 
 }  // namespace mega_detail
 
+// W4A8: named barriers kMegaDecodeBarrier + math warpgroup (128 threads each) order each math warpgroup's
+// FP4 decode and its wgmma (w4a8_tile_mainloop). NOTES: the fused kernel's CTA-wide ids 1-4 (SwiGLU
+// exchange, gemm1_done, combine pieces, reduce) have other thread counts, so the decode gets its own ids
+// (5, 6): a math warpgroup may run ahead of the other by up to the ring's stages and reach a 128-thread
+// decode barrier while the other is still at a 256-thread barrier of the previous tile.
+constexpr uint32_t kMegaDecodeBarrier = 5;
+
+// W4A8: the group scales of k-block 0 of n-tile `n_tile` of local expert `expert` in the packed layout
+// [E_local, k_blocks, n, scale bytes per row] (the producer adds n * bytes per row per k-block).
+template <int kScaleBytesPerRow>
+__device__ __forceinline__ const uint8_t* mega_w4a8_group_scales(const uint8_t* base, int expert, int k_blocks, int n,
+                                                                 int n_tile) {
+  return base + (static_cast<int64_t>(expert) * k_blocks * n + static_cast<int64_t>(n_tile) * sm90::kW4a8BlockN) *
+                    kScaleBytesPerRow;
+}
+
 // Register split of the fused kernel's warpgroups (producer: TMA thread + scale warp; two math
 // warpgroups). NOTES: 168 x 384 registers per CTA (__launch_bounds__(384, 1)), so producer + 2 x math
 // <= 504 (sm90_fp8_grouped_gemm.cuh: a larger producer share hangs setmaxnreg.inc).
 constexpr uint32_t kMegaProducerRegisters = 40, kMegaMathRegisters = 232;
 static_assert(kMegaProducerRegisters + 2 * kMegaMathRegisters <= 504, "the launch's 168 x 384 registers");
+// W4A8: the producer is the TMA thread alone (no scale warp), and the math warpgroups hold the decode
+// state beside 128 accumulators + 64 partials at 128-row tiles, so they get the standalone FP8 kernel's
+// 24 / 240 split (ptxas, 128 x 256 nvfp4: 232 B of spill stores at 40 / 232, 108 B at 24 / 240; 64 x 256:
+// none either way).
+constexpr uint32_t kMegaW4a8ProducerRegisters = 24, kMegaW4a8MathRegisters = 240;
+static_assert(kMegaW4a8ProducerRegisters + 2 * kMegaW4a8MathRegisters <= 504, "the launch's 168 x 384 registers");
 
 // Dynamic shared memory: the grouped GEMM's (stages, SwiGLU exchange, barriers, tile table) plus the
 // expert offsets [E_local + 1].
@@ -395,16 +432,24 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   using namespace sm90;
   using namespace mega_detail;
   constexpr bool kFp8 = kFormat == MegaFormat::kFp8Block;
+  constexpr bool kW4a8 = mega_is_w4a8(kFormat);
+  constexpr int kW4a8ScaleBytesPerRow =
+      Fp4Traits<kFormat == MegaFormat::kMxfp4 ? Fp4Format::kMxfp4 : Fp4Format::kNvfp4>::kScaleBytesPerRow;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kBlockN == 256 && Layout::kWarpgroupsMValue == 1, "both GEMMs run split-N 256-column tiles");
   static_assert(Layout::kStagingRowsValue > 0, "the GEMM-2 epilogue stages its BF16 rows (store_bf16_epilogue_bulk)");
   static_assert(!Layout::kScalesInShared || kFp8, "shared scales are FP8 only (the BF16 mainloop has none)");
+  if constexpr (kW4a8)
+    static_assert(Layout::kFp4Format == (kFormat == MegaFormat::kNvfp4 ? Fp4Format::kNvfp4 : Fp4Format::kMxfp4),
+                  "the W4A8 layout's FP4 format is the launch's");
   // v8c in the fused kernel: GEMM-1's FP8 rows leave through the exchange buffer by 128-byte bulk copies.
   constexpr bool kBulkActRows = true;
   constexpr int kBulkGroupsPerTile = bulk_groups_per_tile<Layout::kSubTiles, Layout::kStagingRowsValue>();
 
   extern __shared__ uint8_t shared_raw[];
-  const Fp8GemmShared<Layout> smem(shared_raw);
+  // The GEMMs' own shared-memory carve-up (stages, exchange / staging, barriers, then the tile table).
+  using Shared = std::conditional_t<kW4a8, W4a8GemmShared<Layout>, Fp8GemmShared<Layout>>;
+  const Shared smem(shared_raw);
   const int E = p.experts_per_rank;
   const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), E);
   int* offsets = reinterpret_cast<int*>(smem.table_base) + 3 * (E + 1);  // [E + 1]
@@ -498,7 +543,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   const int lane = threadIdx.x % 32;
 
   if (warpgroup == 0) {
-    registers_decrease<kMegaProducerRegisters>();
+    registers_decrease<kW4a8 ? kMegaW4a8ProducerRegisters : kMegaProducerRegisters>();
     // Thread 0 issues the operands' TMA; with Layout::kScalesInShared (FP8) warp 1 is the scale warp
     // (produce_fp8_scales): same tile walk, same waits, the stage's A and B scales by cp.async.
     const bool tma_thread = threadIdx.x == 0;
@@ -517,7 +562,11 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           if (tma_thread) fence_proxy_async_global();
           else __syncwarp();
         }
-        if (tma_thread) {
+        if constexpr (kW4a8) {  // tma_thread: the scale warp exists for FP8 only
+          produce_w4a8_tile(smem, &x_map, &w13_map, t.m0, expert1 * 2 * I + t.n_tile * kBlockN,
+                            mega_w4a8_group_scales<kW4a8ScaleBytesPerRow>(p.w13_group_scales, expert1, k1_blocks, 2 * I, t.n_tile),
+                            static_cast<int64_t>(2 * I) * kW4a8ScaleBytesPerRow, k1_blocks, cursor);
+        } else if (tma_thread) {
           produce_fp8_tile(smem, &x_map, &w13_map, t.m0, expert1 * 2 * I + t.n_tile * kBlockN, k1_blocks, cursor);
         } else if constexpr (Layout::kScalesInShared) {
           const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + 2 * t.n_tile) * k1_blocks;
@@ -526,7 +575,12 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
       } else {
         const TileCoordinates t = locate_tile(table, task.m_tile * n2_tiles + task.n_tile, n2_tiles, kBlockM, expert2);
         if (lane == 0) wait_local_geq(p.ctx, p.gemm1_done + task.m_tile, static_cast<uint64_t>(n1_tiles));
-        if (tma_thread) {
+        if constexpr (kW4a8) {
+          fence_proxy_async_global();
+          produce_w4a8_tile(smem, &act_map, &w2_map, t.m0, expert2 * H + t.n_tile * kBlockN,
+                            mega_w4a8_group_scales<kW4a8ScaleBytesPerRow>(p.w2_group_scales, expert2, k2_blocks, H, t.n_tile),
+                            static_cast<int64_t>(H) * kW4a8ScaleBytesPerRow, k2_blocks, cursor);
+        } else if (tma_thread) {
           fence_proxy_async_global();
           produce_fp8_tile(smem, &act_map, &w2_map, t.m0, expert2 * H + t.n_tile * kBlockN, k2_blocks, cursor);
         } else if constexpr (Layout::kScalesInShared) {
@@ -540,7 +594,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
     return;
   }
 
-  registers_increase<kMegaMathRegisters>();
+  registers_increase<kW4a8 ? kMegaW4a8MathRegisters : kMegaMathRegisters>();
   const int math_wg = warpgroup - 1;
   const int thread_in_wg = threadIdx.x % 128;
   const int math_thread = threadIdx.x - 128;  // 0..255
@@ -569,6 +623,16 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           swiglu_quant_fp8_epilogue<Layout, true, kBulkActRows>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
                                                                 topk_weights, p.act, p.act_scales, p.activation, p.limit,
                                                                 p.alpha);
+        } else if constexpr (kW4a8) {
+          const int n_block = t.n_tile * 2 + math_wg;
+          const W4a8BlockScaleDevice* blocks =
+              p.w13_blocks + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
+          w4a8_tile_mainloop<Layout, true, kMegaDecodeBarrier>(accumulator, partial, smem, where, p.grouped_scales,
+                                                               blocks, k1_blocks, math_wg, cursor);
+          // The up warpgroup quantizes and stores all the tile's rows (published below like BF16's).
+          w4a8_swiglu_quant_fp8_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
+                                                       topk_weights, p.act, p.act_scales, p.activation, p.limit,
+                                                       p.alpha);
         } else {
           bf16_tile_mainloop<Layout>(accumulator, smem, k1_blocks, 0, math_wg, cursor);
           swiglu_bf16_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I, topk_weights,
@@ -583,7 +647,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
             ep_device::add_release_sys(p.gemm1_done + task.m_tile, 1ull);
             stamp_phase(p, kMegaStampGemm1);  // overwritten by each later GEMM-1 tile of this CTA
           }
-        } else if (math_wg == 1) {  // the up warpgroup stored the tile
+        } else if (math_wg == 1) {  // BF16, W4A8: the up warpgroup stored the tile
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 128);
@@ -602,6 +666,12 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const float* b_scales = p.w2_scales + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
           fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.act_scales, b_scales, k2_blocks, 0,
                                           math_wg, cursor, active_sub_tiles(t.m_end - t.m0, 0, Layout::kSubTiles));
+        } else if constexpr (kW4a8) {
+          const int n_block = t.n_tile * 2 + math_wg;
+          const W4a8BlockScaleDevice* blocks =
+              p.w2_blocks + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
+          w4a8_tile_mainloop<Layout, true, kMegaDecodeBarrier>(accumulator, partial, smem, where, p.act_scales, blocks,
+                                                               k2_blocks, math_wg, cursor);
         } else {
           bf16_tile_mainloop<Layout>(accumulator, smem, k2_blocks, 0, math_wg, cursor);
         }

@@ -17,6 +17,11 @@
 // Epilogues as the FP8-block kernel: BF16 store (GEMM 2 / plain) or gate x up SwiGLU + top-k weight +
 // FP8 requant (GEMM 1; the gate warpgroup hands its accumulators over through shared memory).
 //
+// The pieces (shared-memory carve-up W4a8GemmShared, producer loop of one tile produce_w4a8_tile, math
+// mainloop of one tile w4a8_tile_mainloop, the two epilogues) are device functions so that the fused
+// MegaMoE kernel (sm90_mega_moe.cuh, formats nvfp4 / mxfp4) runs the very same W4A8 code on its own tile
+// sequence, as it does with the FP8-block pieces; sm90_w4a8_grouped_gemm_kernel below is the standalone user.
+//
 // NOTES:
 // - The decoded buffer written at k-block kb+1 was last read by the wgmma of kb-1, which every warp of
 //   the warpgroup waited for before the bar.sync of kb: no further barrier is needed.
@@ -34,6 +39,7 @@
 #include <cstdint>
 
 #include "kernels/sm90_fp4_decode.cuh"
+#include "kernels/sm90_fp8_grouped_gemm.cuh"
 #include "kernels/sm90_gemm_heuristics.h"
 #include "kernels/sm90_grouped_schedule.cuh"
 #include "kernels/sm90_ptx.cuh"
@@ -68,9 +74,23 @@ constexpr int kW4a8Fp4RowBytes = kBlockK / 2;  // 64 bytes of FP4 per row per 12
 // 16-byte FP4 chunks of a row decoded together. v1 decoded one at a time (unroll 1, to spare registers
 // beside the accumulators) and was latency bound: ~2x slower than FP8 at large M (docs/grouped_gemm.md).
 constexpr int kW4a8DecodeChunksInFlight = 4;
+// Named barriers of the decode (kDecodeBarrier + math warpgroup, 128 threads each) in the standalone
+// kernel; id 1 is the SwiGLU exchange. The fused kernel passes its own ids (sm90_mega_moe.cuh).
+constexpr uint32_t kW4a8DecodeBarrier = 2;
 
-template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+// kStagingRows (the fused kernel): rows of BF16 staging per math warpgroup for store_bf16_epilogue_bulk
+// (sm90_fp8_grouped_gemm.cuh), 0 = none (the standalone kernel stores BF16 directly). The staging rows
+// ALIAS the SwiGLU exchange buffer (the region is the larger of the two), as in GroupedGemmLayout: a
+// fused CTA runs all its GEMM-1 tiles (exchange) before its first GEMM-2 tile (staging).
+template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue, int kStagingRows = 0>
 struct W4a8GemmLayout {
+  // The names the fused kernel reads from either GEMM's layout (GroupedGemmLayout has the same ones).
+  static constexpr int kSubTiles = kSubTilesM;
+  static constexpr int kStageCount = kStages;
+  static constexpr int kWarpgroupsMValue = 1;  // always split-N
+  static constexpr int kBlockN = kW4a8BlockN;
+  static constexpr bool kScalesInShared = false;
+  static constexpr Fp4Format kFp4Format = kFormat;
   static constexpr int kBlockM = 64 * kSubTilesM;
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kFp4Bytes = kW4a8BlockN * kW4a8Fp4RowBytes;
@@ -84,20 +104,53 @@ struct W4a8GemmLayout {
   static constexpr int kExchangeRegisters = 16;  // 8 KiB of gate values in flight
   static constexpr int kExchangeOffset = kScaleOffset + kStages * kScaleBytes;
   static constexpr int kExchangeBytes = kEpilogue == W4a8Epilogue::kSwigluQuantFp8 ? kExchangeRegisters * 128 * 4 : 0;
-  static constexpr int kBarrierOffset = kExchangeOffset + kExchangeBytes;
+  static_assert(kStagingRows == 0 || kStagingRows == 32 || kStagingRows == 64, "BF16 staging: 0, 32 or 64 rows");
+  static constexpr int kStagingRowsValue = kStagingRows;
+  static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
+  static constexpr int kExchangeRegionBytes = kExchangeBytes > kStagingBytes ? kExchangeBytes : kStagingBytes;
+  static constexpr int kBarrierOffset = kExchangeOffset + kExchangeRegionBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
   static constexpr int shared_bytes(int num_experts) {
     return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
   }
   static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kScaleBytes % 16 == 0, "stage alignment");
+  static_assert(kExchangeOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
 };
 
-__device__ __forceinline__ float w4a8_activate(float gate, float up, int kind, float limit, float alpha) {
-  if (kind == 0) return gate / (1.0f + expf(-gate)) * up;
-  const float g = fminf(gate, limit);
-  const float u = fminf(fmaxf(up, -limit), limit);
-  return g / (1.0f + expf(-alpha * g)) * (u + 1.0f);
-}
+// ---- shared memory and the device pieces (the standalone kernel below and sm90_mega_moe.cuh) -------
+template <class Layout>
+struct W4a8GemmShared {
+  uint8_t* decoded;       // [kMathWarpgroups][2][kDecodedBytes]
+  uint8_t* a_tiles;       // [kStages][kABytes]
+  uint8_t* fp4_tiles;     // [kStages][kFp4Bytes]
+  uint8_t* scale_tiles;   // [kStages][kScaleBytes]
+  float* exchange;        // SwiGLU gate values
+  uint8_t* bf16_staging;  // kStagingRows > 0: aliases exchange
+  uint64_t* full;
+  uint64_t* empty;
+  uint8_t* table_base;  // kTableOffset: ExpertTileTable (and whatever a caller puts after it)
+  // `raw` = the dynamic shared memory; the base is aligned up to 1024 bytes for the 128-byte swizzle.
+  __device__ __forceinline__ explicit W4a8GemmShared(uint8_t* raw) {
+    uint8_t* shared = raw + ((1024 - (smem_address(raw) & 1023)) & 1023);
+    decoded = shared + Layout::kDecodedOffset;
+    a_tiles = shared + Layout::kAOffset;
+    fp4_tiles = shared + Layout::kFp4Offset;
+    scale_tiles = shared + Layout::kScaleOffset;
+    exchange = reinterpret_cast<float*>(shared + Layout::kExchangeOffset);
+    bf16_staging = shared + Layout::kExchangeOffset;
+    full = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
+    empty = full + Layout::kStageCount;
+    table_base = shared + Layout::kTableOffset;
+  }
+  // One thread, before the CTA's first __syncthreads().
+  __device__ __forceinline__ void init_barriers() const {
+    for (int s = 0; s < Layout::kStageCount; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kMathWarpgroups * 4);  // lane 0 of every math warp
+    }
+    barrier_init_fence();
+  }
+};
 
 __device__ __forceinline__ void bulk_load(void* smem_destination, const void* source, uint32_t bytes,
                                           uint64_t* barrier) {
@@ -110,6 +163,221 @@ __device__ __forceinline__ W4a8BlockScaleDevice load_block(const W4a8BlockScaleD
   return {__int_as_float(bits.x), bits.y};
 }
 
+// Producer (one thread): for k-block kb = 0 .. k_blocks-1 streams A rows [m0, m0 + BLOCK_M) (TMA), the
+// packed FP4 rows [b_row, b_row + 256) (TMA) and the tile's group scales at scales + kb * scales_kb_stride
+// (one bulk copy of kScaleBytes) into the ring.
+template <class Layout>
+__device__ __forceinline__ void produce_w4a8_tile(const W4a8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                                  const CUtensorMap* b_map, int m0, int b_row, const uint8_t* scales,
+                                                  int64_t scales_kb_stride, int k_blocks,
+                                                  PipelineCursor<Layout::kStageCount>& cursor) {
+  constexpr uint32_t kStageBytes = Layout::kABytes + Layout::kFp4Bytes + Layout::kScaleBytes;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    barrier_arrive_expect_bytes(&smem.full[cursor.stage], kStageBytes);
+    tma_load_2d(smem.a_tiles + cursor.stage * Layout::kABytes, a_map, kb * kBlockK, m0, &smem.full[cursor.stage]);
+    tma_load_2d(smem.fp4_tiles + cursor.stage * Layout::kFp4Bytes, b_map, kb * kW4a8Fp4RowBytes, b_row,
+                &smem.full[cursor.stage]);
+    bulk_load(smem.scale_tiles + cursor.stage * Layout::kScaleBytes, scales + kb * scales_kb_stride,
+              Layout::kScaleBytes, &smem.full[cursor.stage]);
+    cursor.advance();
+  }
+}
+
+// Math warpgroup `math_wg` (columns 128 math_wg .. of the tile), one tile: decode + wgmma + promotion
+// over k_blocks (see the header comment for the per-k-block order). a_scales_base: [rows, k_blocks] A
+// scales (read coherently with kCoherentScales: the fused kernel writes them in the same launch);
+// blocks: this warpgroup's k_blocks {factor, decode exponent} records. kDecodeBarrier + math_wg: the
+// warpgroup-local named barrier (128 threads) ordering decode and wgmma.
+template <class Layout, bool kCoherentScales, uint32_t kDecodeBarrier>
+__device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
+                                                   const W4a8GemmShared<Layout>& smem,
+                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
+                                                   const W4a8BlockScaleDevice* blocks, int k_blocks, int math_wg,
+                                                   PipelineCursor<Layout::kStageCount>& cursor) {
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  constexpr int kStages = Layout::kStageCount;
+  constexpr Fp4Format kFormat = Layout::kFp4Format;
+  constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
+  const int lane = threadIdx.x % 32;
+  const int thread_in_wg = threadIdx.x % 128;
+  uint8_t* my_decoded = smem.decoded + math_wg * 2 * Layout::kDecodedBytes;
+  // Decodes k-block `kb` (ring stage `s`) of this warpgroup's 128 weight rows into buffer kb & 1.
+  auto decode = [&](int s, int kb, int decode_exponent) {
+    decode_fp4_row<kFormat, kW4a8DecodeChunksInFlight>(
+        smem.fp4_tiles + s * Layout::kFp4Bytes + math_wg * 128 * kW4a8Fp4RowBytes,
+        smem.scale_tiles + s * Layout::kScaleBytes + math_wg * 128 * kScaleBytesPerRow,
+        my_decoded + (kb & 1) * Layout::kDecodedBytes, thread_in_wg, decode_exponent);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+  };
+  const float* a_scales[kSubTilesM][2];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      a_scales[s][h] = a_scales_base + static_cast<int64_t>(where.valid[s][h] ? where.rows[s][h] : 0) * k_blocks;
+
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
+
+  // Every warp of this warpgroup has retired the previous tile's wgmmas (which read decoded buffer 0
+  // or 1) before any warp overwrites buffer 0.
+  named_barrier_sync(kDecodeBarrier + math_wg, 128);
+  // Block records {factor, p} are loaded one k-block ahead (with the A scales), off the decode's path.
+  W4a8BlockScaleDevice next_block = load_block(blocks);
+  barrier_wait(&smem.full[cursor.stage], cursor.phase);
+  decode(cursor.stage, 0, next_block.decode_exponent);
+
+  float next_scale_a[kSubTilesM][2];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h]) : 0.0f;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    float scale_a[kSubTilesM][2];
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
+    const float factor = next_block.factor;
+    if (kb + 1 < k_blocks) {
+#pragma unroll
+      for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h] + kb + 1) : 0.0f;
+      next_block = load_block(blocks + kb + 1);
+    }
+    named_barrier_sync(kDecodeBarrier + math_wg, 128);  // every row of decoded kb is written and fenced
+    const uint32_t b_base = smem_address(my_decoded + (kb & 1) * Layout::kDecodedBytes);
+#pragma unroll
+    for (int s = 0; s < kSubTilesM; ++s) {
+      const uint32_t a_base = smem_address(smem.a_tiles + cursor.stage * Layout::kABytes + 64 * s * kBlockK);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+        wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
+                              make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+      wgmma_commit();
+      if (s == 0 && kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
+        const int next_stage = cursor.stage + 1 == kStages ? 0 : cursor.stage + 1;
+        barrier_wait(&smem.full[next_stage], next_stage == 0 ? cursor.phase ^ 1 : cursor.phase);
+        decode(next_stage, kb + 1, next_block.decode_exponent);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if (s == kSubTilesM - 1) {
+        if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+        cursor.advance();
+      }
+      const float scale0 = scale_a[s][0] * factor, scale1 = scale_a[s][1] * factor;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
+        accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
+        accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
+        accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+      }
+    }
+  }
+}
+
+// Accumulator fragment of wgmma m64n128: register 4j+{0,1} = (row, 8j + 2*(lane%4) + {0,1}),
+// register 4j+{2,3} = (row + 8, same columns).
+// Direct BF16 store of this warpgroup's 128 columns (the standalone kStoreBf16 epilogue; the fused
+// kernel stages its GEMM-2 rows with store_bf16_epilogue_bulk instead). out: [rows, out_cols].
+template <int kSubTilesM>
+__device__ __forceinline__ void w4a8_store_bf16_epilogue(const float (&accumulator)[kSubTilesM][64],
+                                                         const MathRows<kSubTilesM>& where, __nv_bfloat16* out,
+                                                         int out_cols, int first_col) {
+  const int lane = threadIdx.x % 32;
+  const int col_base = first_col + 2 * (lane % 4);
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (!where.valid[s][h]) continue;
+      __nv_bfloat16* out_row = out + static_cast<int64_t>(where.rows[s][h]) * out_cols + col_base;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j) =
+            __floats2bfloat162_rn(accumulator[s][4 * j + 2 * h], accumulator[s][4 * j + 2 * h + 1]);
+    }
+}
+
+// Gate warpgroup (0) -> up warpgroup (1) through shared memory, kExchangeRegisters registers per thread at
+// a time in register order (both see the same (row, column) per slot); the up warpgroup activates,
+// applies the top-k weight, quantizes (formats::quantize_fp8_activations rule) and stores ALL the tile's
+// rows (out: e4m3 [rows, out_cols], out_scales [rows, out_cols / 128]; column block n_tile). Named
+// barrier 1 (256 threads). The top-k weights are read coherently with kCoherentScales (fused kernel).
+// NOTES: the exchange buffer is free again after the last barrier of each chunk, and the up warpgroup's
+// stores follow it: a caller that publishes the rows (the fused kernel's gemm1_done) fences and releases
+// from the up warpgroup only.
+template <class Layout, bool kCoherentScales>
+__device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulator)[Layout::kSubTiles][64],
+                                                               float* exchange, int math_wg,
+                                                               const MathRows<Layout::kSubTiles>& where, int n_tile,
+                                                               int out_cols, const float* topk_weights, uint8_t* out,
+                                                               float* out_scales, int activation, float limit,
+                                                               float alpha) {
+  constexpr int kSubTilesM = Layout::kSubTiles;
+  constexpr int kChunk = Layout::kExchangeRegisters;
+  const int lane = threadIdx.x % 32;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int col_base = n_tile * 128 + 2 * (lane % 4);
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s) {
+    float amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int chunk = 0; chunk < 64 / kChunk; ++chunk) {
+      if (math_wg == 0) {
+#pragma unroll
+        for (int r = 0; r < kChunk; ++r) exchange[r * 128 + thread_in_wg] = accumulator[s][chunk * kChunk + r];
+      }
+      named_barrier_sync(1, 256);
+      if (math_wg == 1) {
+#pragma unroll
+        for (int r = 0; r < kChunk; ++r) {
+          const int i = chunk * kChunk + r;
+          const float value = activate(exchange[r * 128 + thread_in_wg], accumulator[s][i], activation, limit, alpha);
+          accumulator[s][i] = value;
+          amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(value));
+        }
+      }
+      named_barrier_sync(1, 256);  // the exchange buffer is free again
+    }
+    if (math_wg == 1) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+        if (!where.valid[s][h]) continue;
+        const int row = where.rows[s][h];
+        // amax |fl(v * w)| = fl(amax |v| * |w|) (rounding is monotonic), so the weight multiplies here.
+        float weight = 1.0f;
+        if (topk_weights) weight = kCoherentScales ? __ldcg(topk_weights + row) : topk_weights[row];
+        const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[h], fabsf(weight)), 1e-10f), 448.0f);
+        uint8_t* out_row = out + static_cast<int64_t>(row) * out_cols + col_base;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h], weight), scale),
+                                          __fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h + 1], weight), scale));
+          *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * j) =
+              __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+        }
+        if (lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
+      }
+    }
+  }
+}
+
+// ---- the standalone grouped GEMM ------------------------------------------------------------------
 template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_w4a8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
@@ -117,27 +385,15 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   using Layout = W4a8GemmLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
-  constexpr int kDecodeChunksInFlight = kW4a8DecodeChunksInFlight;
 
   extern __shared__ uint8_t shared_raw[];
-  uint8_t* shared = shared_raw + ((1024 - (smem_address(shared_raw) & 1023)) & 1023);
-  uint8_t* decoded = shared + Layout::kDecodedOffset;
-  uint8_t* a_tiles = shared + Layout::kAOffset;
-  uint8_t* fp4_tiles = shared + Layout::kFp4Offset;
-  uint8_t* scale_tiles = shared + Layout::kScaleOffset;
-  float* exchange = reinterpret_cast<float*>(shared + Layout::kExchangeOffset);
-  uint64_t* full = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
-  uint64_t* empty = full + kStages;
-  const ExpertTileTable table(reinterpret_cast<int*>(shared + Layout::kTableOffset), params.num_experts);
+  const W4a8GemmShared<Layout> smem(shared_raw);
+  const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
 
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      barrier_init(&full[s], 1);
-      barrier_init(&empty[s], kMathWarpgroups * 4);  // lane 0 of every math warp
-    }
-    barrier_init_fence();
+    smem.init_barriers();
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&b_map);
   }
@@ -152,24 +408,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   if (warpgroup == 0) {
     registers_decrease<kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    int stage = 0;
-    uint32_t phase = 0;
+    PipelineCursor<kStages> cursor;
     int expert = 0;
-    constexpr uint32_t kStageBytes = Layout::kABytes + Layout::kFp4Bytes + Layout::kScaleBytes;
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
       const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-      const int b_row = expert * params.n + where.n_tile * kW4a8BlockN;
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        barrier_wait(&empty[stage], phase ^ 1);
-        barrier_arrive_expect_bytes(&full[stage], kStageBytes);
-        tma_load_2d(a_tiles + stage * Layout::kABytes, &a_map, kb * kBlockK, where.m0, &full[stage]);
-        tma_load_2d(fp4_tiles + stage * Layout::kFp4Bytes, &b_map, kb * kW4a8Fp4RowBytes, b_row, &full[stage]);
-        const uint8_t* scales = params.group_scales +
-                                ((static_cast<int64_t>(expert) * k_blocks + kb) * params.n +
-                                 where.n_tile * kW4a8BlockN) * kScaleBytesPerRow;
-        bulk_load(scale_tiles + stage * Layout::kScaleBytes, scales, Layout::kScaleBytes, &full[stage]);
-        if (++stage == kStages) stage = 0, phase ^= 1;
-      }
+      const uint8_t* scales = params.group_scales + (static_cast<int64_t>(expert) * k_blocks * params.n +
+                                                     where.n_tile * kW4a8BlockN) * kScaleBytesPerRow;
+      produce_w4a8_tile(smem, &a_map, &b_map, where.m0, expert * params.n + where.n_tile * kW4a8BlockN, scales,
+                        static_cast<int64_t>(params.n) * kScaleBytesPerRow, k_blocks, cursor);
     }
     return;
   }
@@ -179,173 +425,25 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int thread_in_wg = threadIdx.x % 128;
   const int row_in_tile = (thread_in_wg / 32) * 16 + lane / 4;
   const int n_blocks = params.n / 128;
-  uint8_t* my_decoded = decoded + math_wg * 2 * Layout::kDecodedBytes;
 
-  // Decodes k-block `kb` (ring stage `s`) of this warpgroup's 128 weight rows into buffer kb & 1.
-  auto decode = [&](int s, int kb, int decode_exponent) {
-    decode_fp4_row<kFormat, kDecodeChunksInFlight>(
-        fp4_tiles + s * Layout::kFp4Bytes + math_wg * 128 * kW4a8Fp4RowBytes,
-        scale_tiles + s * Layout::kScaleBytes + math_wg * 128 * kScaleBytesPerRow,
-        my_decoded + (kb & 1) * Layout::kDecodedBytes, thread_in_wg, decode_exponent);
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-  };
-
-  int stage = 0;
-  uint32_t phase = 0;
+  PipelineCursor<kStages> cursor;
   int expert = 0;
   float accumulator[kSubTilesM][64];
   float partial[64];
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-    const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-    int rows[kSubTilesM][2];
-    bool valid[kSubTilesM][2];
-    const float* a_scales[kSubTilesM][2];
-#pragma unroll
-    for (int s = 0; s < kSubTilesM; ++s)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        rows[s][h] = where.m0 + row_in_tile + 64 * s + 8 * h;
-        valid[s][h] = rows[s][h] < where.m_end;
-        a_scales[s][h] = params.a_scales + static_cast<int64_t>(valid[s][h] ? rows[s][h] : 0) * k_blocks;
-      }
-    const int n_block = where.n_tile * 2 + math_wg;
+    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+    const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
+    const int n_block = t.n_tile * 2 + math_wg;
     const W4a8BlockScaleDevice* blocks = params.blocks + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
-
-#pragma unroll
-    for (int s = 0; s < kSubTilesM; ++s)
-#pragma unroll
-      for (int i = 0; i < 64; ++i) accumulator[s][i] = 0.0f;
-
-    // Every warp of this warpgroup has retired the previous tile's wgmmas (which read decoded buffer 0
-    // or 1) before any warp overwrites buffer 0.
-    named_barrier_sync(2 + math_wg, 128);
-    // Block records {factor, p} are loaded one k-block ahead (with the A scales), off the decode's path.
-    W4a8BlockScaleDevice next_block = load_block(blocks);
-    barrier_wait(&full[stage], phase);
-    decode(stage, 0, next_block.decode_exponent);
-
-    float next_scale_a[kSubTilesM][2];
-#pragma unroll
-    for (int s = 0; s < kSubTilesM; ++s)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h]) : 0.0f;
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      float scale_a[kSubTilesM][2];
-#pragma unroll
-      for (int s = 0; s < kSubTilesM; ++s)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
-      const float factor = next_block.factor;
-      if (kb + 1 < k_blocks) {
-#pragma unroll
-        for (int s = 0; s < kSubTilesM; ++s)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) next_scale_a[s][h] = valid[s][h] ? __ldg(a_scales[s][h] + kb + 1) : 0.0f;
-        next_block = load_block(blocks + kb + 1);
-      }
-      named_barrier_sync(2 + math_wg, 128);  // every row of decoded kb is written and fenced
-      const uint32_t b_base = smem_address(my_decoded + (kb & 1) * Layout::kDecodedBytes);
-#pragma unroll
-      for (int s = 0; s < kSubTilesM; ++s) {
-        const uint32_t a_base = smem_address(a_tiles + stage * Layout::kABytes + 64 * s * kBlockK);
-#pragma unroll
-        for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-        wgmma_fence();
-#pragma unroll
-        for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-          wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
-                                make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
-        wgmma_commit();
-        if (s == 0 && kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
-          const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
-          barrier_wait(&full[next_stage], next_stage == 0 ? phase ^ 1 : phase);
-          decode(next_stage, kb + 1, next_block.decode_exponent);
-        }
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-        if (s == kSubTilesM - 1) {
-          if (lane == 0) barrier_arrive(&empty[stage]);
-          if (++stage == kStages) stage = 0, phase ^= 1;
-        }
-        const float scale0 = scale_a[s][0] * factor, scale1 = scale_a[s][1] * factor;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
-          accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
-          accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
-          accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
-        }
-      }
-    }
-
-    // Accumulator fragment of wgmma m64n128: register 4j+{0,1} = (row, 8j + 2*(lane%4) + {0,1}),
-    // register 4j+{2,3} = (row + 8, same columns).
+    w4a8_tile_mainloop<Layout, false, kW4a8DecodeBarrier>(accumulator, partial, smem, where, params.a_scales, blocks,
+                                                          k_blocks, math_wg, cursor);
     if constexpr (kEpilogue == W4a8Epilogue::kStoreBf16) {
-      auto* out = static_cast<__nv_bfloat16*>(params.out);
-      const int col_base = where.n_tile * kW4a8BlockN + math_wg * 128 + 2 * (lane % 4);
-#pragma unroll
-      for (int s = 0; s < kSubTilesM; ++s)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (!valid[s][h]) continue;
-          __nv_bfloat16* out_row = out + static_cast<int64_t>(rows[s][h]) * params.n + col_base;
-#pragma unroll
-          for (int j = 0; j < 16; ++j)
-            *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j) =
-                __floats2bfloat162_rn(accumulator[s][4 * j + 2 * h], accumulator[s][4 * j + 2 * h + 1]);
-        }
+      w4a8_store_bf16_epilogue<kSubTilesM>(accumulator, where, static_cast<__nv_bfloat16*>(params.out), params.n,
+                                           t.n_tile * kW4a8BlockN + math_wg * 128);
     } else {
-      // Gate warpgroup -> up warpgroup through shared memory, kExchangeRegisters registers per thread at a
-      // time in register order (both see the same (row, column) per slot); the up warpgroup activates,
-      // quantizes (formats::quantize_fp8_activations rule) and stores.
-      constexpr int kChunk = Layout::kExchangeRegisters;
-      const int out_cols = params.n / 2;
-      auto* out = static_cast<uint8_t*>(params.out);
-      const int col_base = where.n_tile * 128 + 2 * (lane % 4);
-#pragma unroll
-      for (int s = 0; s < kSubTilesM; ++s) {
-        float amax[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int chunk = 0; chunk < 64 / kChunk; ++chunk) {
-          if (math_wg == 0) {
-#pragma unroll
-            for (int r = 0; r < kChunk; ++r) exchange[r * 128 + thread_in_wg] = accumulator[s][chunk * kChunk + r];
-          }
-          named_barrier_sync(1, 256);
-          if (math_wg == 1) {
-#pragma unroll
-            for (int r = 0; r < kChunk; ++r) {
-              const int i = chunk * kChunk + r;
-              const float value = w4a8_activate(exchange[r * 128 + thread_in_wg], accumulator[s][i],
-                                                params.activation, params.limit, params.alpha);
-              accumulator[s][i] = value;
-              amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(value));
-            }
-          }
-          named_barrier_sync(1, 256);  // the exchange buffer is free again
-        }
-        if (math_wg == 1) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
-            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
-            if (!valid[s][h]) continue;
-            // amax |fl(v * w)| = fl(amax |v| * |w|) (rounding is monotonic), so the weight multiplies here.
-            const float weight = params.topk_weights ? params.topk_weights[rows[s][h]] : 1.0f;
-            const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[h], fabsf(weight)), 1e-10f), 448.0f);
-            uint8_t* out_row = out + static_cast<int64_t>(rows[s][h]) * out_cols + col_base;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-              const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h], weight), scale),
-                                              __fdiv_rn(__fmul_rn(accumulator[s][4 * j + 2 * h + 1], weight), scale));
-              *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * j) =
-                  __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
-            }
-            if (lane % 4 == 0) params.out_scales[static_cast<int64_t>(rows[s][h]) * (out_cols / 128) + where.n_tile] = scale;
-          }
-        }
-      }
+      w4a8_swiglu_quant_fp8_epilogue<Layout, false>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
+                                                    params.topk_weights, static_cast<uint8_t*>(params.out),
+                                                    params.out_scales, params.activation, params.limit, params.alpha);
     }
   }
 }

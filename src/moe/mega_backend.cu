@@ -18,6 +18,7 @@
 #include "megamoe/error_cuda.h"
 #include "moe/mega_backend.h"
 #include "moe/mega_phase_times.h"
+#include "moe/mega_w4a8.h"
 #include "moe/packed_weights.h"
 
 namespace megamoe {
@@ -39,17 +40,14 @@ static_assert(MegaTiles<1, false>::kBlockM == SmallTiles::kBlockM && MegaTiles<2
 // NOTES: shared memory at the largest local expert count mega accepts (mega_reject_reason), static
 // shared variables (< 128 B) included. 128 x 256 FP8: 1,024 slack + 196,608 tiles + 17,408 staging/exchange
 // + 2,080 scale ring + 64 barriers + 16 * (E + 1) tables = 225,392 B at E = 512 (953 would be the limit).
-template <class Layout>
-constexpr bool mega_fits_shared() {
-  return kernels::mega_moe_shared_bytes<Layout>(kMegaMaxLocalExperts) + 128 <= kernels::sm90::kSharedBytesPerCta;
-}
+// The W4A8 layouts (mega_w4a8.cu) have their own budget there.
 static_assert(mega_fits_shared<MegaTiles<1, true>>() && mega_fits_shared<MegaTiles<2, true>>() &&
               mega_fits_shared<MegaTiles<1, false>>() && mega_fits_shared<MegaTiles<2, false>>());
 
 // What mega layers share (MoeWorkspace): the symmetric window (make_mega_moe_layout), the grouped
 // activations, GEMM-1 output, row tables, the kernel's counters and its epoch, and the activation
 // tensor maps over them. max_rows = ranks * C * min(top_k, local experts). Sized for one format (P bytes
-// per token element, scales for FP8 only), which is part of the key.
+// per token element, scales for FP8-block and W4A8), which is part of the key.
 struct MegaScratch final : MoeWorkspace::Shared {
   SymmetricBuffer window;  // freed by EpGroup::destroy (a collective)
   MegaMoeParams params{};  // the shared fields only (see MegaBackend's constructor)
@@ -71,7 +69,12 @@ struct MegaScratch final : MoeWorkspace::Shared {
 };
 
 MegaFormat mega_format(WeightFormat format) {
-  return format == WeightFormat::kBf16 ? MegaFormat::kBf16 : MegaFormat::kFp8Block;
+  switch (format) {
+    case WeightFormat::kBf16: return MegaFormat::kBf16;
+    case WeightFormat::kNvfp4: return MegaFormat::kNvfp4;
+    case WeightFormat::kMxfp4: return MegaFormat::kMxfp4;
+    default: return MegaFormat::kFp8Block;
+  }
 }
 
 std::string mega_scratch_key(const MoeConfig& c, const EpGroup& ep) {
@@ -87,7 +90,7 @@ std::shared_ptr<MegaScratch> make_mega_scratch(const MoeConfig& config, EpGroup&
   const int64_t H = config.hidden, I = config.intermediate, E = config.num_experts / R, C = config.max_tokens_per_rank;
   const int64_t max_rows = R * C * std::min<int64_t>(config.top_k, E);
   const MegaFormat format = mega_format(config.weight_format);
-  const bool fp8 = format == MegaFormat::kFp8Block;
+  const bool scales = kernels::mega_has_scales(format);
   const int64_t P = kernels::mega_element_bytes(format);
   const kernels::MegaMoeLayout layout = kernels::make_mega_moe_layout(config.max_tokens_per_rank, config.hidden,
                                                                        config.top_k, config.num_experts, format);
@@ -107,11 +110,11 @@ std::shared_ptr<MegaScratch> make_mega_scratch(const MoeConfig& config, EpGroup&
   p.max_m_tiles = static_cast<int>((max_rows + SmallTiles::kBlockM - 1) / SmallTiles::kBlockM + E);
   p.gemm1_done = static_cast<uint64_t*>(scratch->alloc(sizeof(uint64_t) * p.max_m_tiles));
   p.grouped_x = static_cast<uint8_t*>(scratch->alloc(max_rows * H * P));
-  p.grouped_scales = fp8 ? static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;
+  p.grouped_scales = scales ? static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;
   p.sources = static_cast<RowSource*>(scratch->alloc(sizeof(RowSource) * max_rows));
   p.row_weights = static_cast<float*>(scratch->alloc(sizeof(float) * max_rows));
   p.act = static_cast<uint8_t*>(scratch->alloc(max_rows * I * P));
-  p.act_scales = fp8 ? static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (I / 128))) : nullptr;
+  p.act_scales = scales ? static_cast<float*>(scratch->alloc(sizeof(float) * max_rows * (I / 128))) : nullptr;
   p.max_rows = max_rows;
   using kernels::detail::make_grouped_gemm_tensor_map;
   for (int v = 0; v < 2; ++v) {
@@ -151,9 +154,21 @@ class MegaBackend final : public MoeBackend {
         workspace->acquire(mega_scratch_key(config, *ep), [&] { return make_mega_scratch(config, *ep); }));
 
     format_ = mega_format(config.weight_format);
+    const bool w4a8 = kernels::mega_is_w4a8(format_);
     const int64_t P = kernels::mega_element_bytes(format_);
-    w13_ = alloc(E * 2 * I * H * P);
-    w2_ = alloc(E * H * I * P);
+    if (w4a8) {  // the standalone W4A8 GEMM's packed layout (staged runs the same)
+      const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(config.weight_format, 2 * I, H);
+      const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(config.weight_format, H, I);
+      w13_ = alloc(E * s13.data_bytes);
+      w2_ = alloc(E * s2.data_bytes);
+      w13_group_scales_ = static_cast<uint8_t*>(alloc(E * s13.group_scale_bytes));
+      w2_group_scales_ = static_cast<uint8_t*>(alloc(E * s2.group_scale_bytes));
+      w13_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s13.block_count * sizeof(kernels::W4a8BlockScale)));
+      w2_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s2.block_count * sizeof(kernels::W4a8BlockScale)));
+    } else {
+      w13_ = alloc(E * 2 * I * H * P);
+      w2_ = alloc(E * H * I * P);
+    }
     if (format_ == MegaFormat::kFp8Block) {  // BF16 weights have no scales
       w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (2 * I / 128) * (H / 128)));
       w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (H / 128) * (I / 128)));
@@ -180,14 +195,26 @@ class MegaBackend final : public MoeBackend {
       std::fprintf(stderr, "megamoe: MEGAMOE_MEGA_DIAG_LOCAL_COMBINE=1: mega combine rows stay local, OUTPUT IS WRONG\n");
     p.w13_scales = w13_scales_;
     p.w2_scales = w2_scales_;
+    p.w13_group_scales = w13_group_scales_;
+    p.w2_group_scales = w2_group_scales_;
+    p.w13_blocks = reinterpret_cast<const kernels::sm90::W4a8BlockScaleDevice*>(w13_blocks_);
+    p.w2_blocks = reinterpret_cast<const kernels::sm90::W4a8BlockScaleDevice*>(w2_blocks_);
     MEGAMOE_CHECK(p.max_rows == max_rows, "mega workspace region has ", p.max_rows, " rows, expected ", max_rows);
     for (int v = 0; v < 2; ++v) {
       maps_[v].x = scratch_->maps[v].x;
       maps_[v].act = scratch_->maps[v].act;
     }
     using kernels::detail::make_grouped_gemm_tensor_map;
-    w13_map_ = make_grouped_gemm_tensor_map(w13_, H * P, E * 2 * I, 256);
-    w2_map_ = make_grouped_gemm_tensor_map(w2_, I * P, E * H, 256);
+    if (w4a8) {  // FP4 bytes: K / 2 per row, 64-byte boxes of 256 rows (the standalone W4A8 GEMM's b_map)
+      using kernels::detail::make_byte_tensor_map;
+      w13_map_ = make_byte_tensor_map(w13_, H / 2, E * 2 * I, kernels::sm90::kW4a8Fp4RowBytes, kernels::sm90::kW4a8BlockN,
+                                      CU_TENSOR_MAP_SWIZZLE_64B);
+      w2_map_ = make_byte_tensor_map(w2_, I / 2, E * H, kernels::sm90::kW4a8Fp4RowBytes, kernels::sm90::kW4a8BlockN,
+                                     CU_TENSOR_MAP_SWIZZLE_64B);
+    } else {
+      w13_map_ = make_grouped_gemm_tensor_map(w13_, H * P, E * 2 * I, 256);
+      w2_map_ = make_grouped_gemm_tensor_map(w2_, I * P, E * H, 256);
+    }
     int device = 0;
     MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
     MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&ctas_, cudaDevAttrMultiProcessorCount, device));
@@ -212,6 +239,14 @@ class MegaBackend final : public MoeBackend {
     MEGAMOE_CHECK(local_expert >= 0 && local_expert < local_experts_, "local_expert = ", local_expert,
                   " must be in [0, ", local_experts_, ")");
     const int64_t H = config_.hidden, I = config_.intermediate;
+    if (kernels::mega_is_w4a8(format_)) {
+      upload_packed_w4a8_expert("w13", w.w13, config_.weight_format, 2 * I, H, local_expert, kernels::GemmRole::kGateUp,
+                                w13_, w13_group_scales_, w13_blocks_);
+      upload_packed_w4a8_expert("w2", w.w2, config_.weight_format, H, I, local_expert, kernels::GemmRole::kDown, w2_,
+                                w2_group_scales_, w2_blocks_);
+      loaded_[local_expert] = true;
+      return;
+    }
     upload_packed_expert("w13", w.w13, config_.weight_format, 2 * I, H, local_expert, kernels::GemmRole::kGateUp, w13_,
                          w13_scales_);
     upload_packed_expert("w2", w.w2, config_.weight_format, H, I, local_expert, kernels::GemmRole::kDown, w2_,
@@ -266,7 +301,9 @@ class MegaBackend final : public MoeBackend {
     const ActivationMaps& maps = maps_[small ? 0 : 1];
     using kernels::launch_mega_moe;
     constexpr MegaFormat kBf16 = MegaFormat::kBf16, kFp8 = MegaFormat::kFp8Block;
-    if (format_ == kBf16) {
+    if (kernels::mega_is_w4a8(format_)) {
+      launch_mega_w4a8(format_, small, maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+    } else if (format_ == kBf16) {
       if (small) launch_mega_moe<MegaTiles<1, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
       else launch_mega_moe<MegaTiles<2, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
     } else {
@@ -345,7 +382,9 @@ class MegaBackend final : public MoeBackend {
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;
   void *w13_ = nullptr, *w2_ = nullptr;
-  float *w13_scales_ = nullptr, *w2_scales_ = nullptr;
+  float *w13_scales_ = nullptr, *w2_scales_ = nullptr;                         // FP8-block
+  uint8_t *w13_group_scales_ = nullptr, *w2_group_scales_ = nullptr;          // W4A8
+  kernels::W4a8BlockScale *w13_blocks_ = nullptr, *w2_blocks_ = nullptr;      // W4A8
   // phase timing (set_phase_timing)
   uint64_t* phase_stamps_ = nullptr;  // in allocations_
   cudaEvent_t phase_done_ = nullptr;  // recorded after a timed forward's launch

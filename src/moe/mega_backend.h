@@ -10,11 +10,12 @@
 namespace megamoe {
 
 // Most local experts (num_experts / ranks) `mega` accepts: its kernel's shared memory holds 4 pipeline
-// stages of 128 x 256 tiles, the BF16 staging / SwiGLU exchange, the scale ring and three expert tables
-// of E + 1 ints (static_assert in mega_backend.cu).
+// stages of 128 x 256 tiles, the BF16 staging / SwiGLU exchange, the scale ring (FP8) or the decoded FP8
+// weight double buffers (W4A8), and four expert tables of E + 1 ints (static_asserts in mega_backend.cu
+// and mega_w4a8.cu; W4A8 nvfp4 at 128 x 256 would allow 563, docs/mega.md "W4A8").
 constexpr int kMegaMaxLocalExperts = 512;
 
-// What `mega` runs: FP8-block and BF16 weights, SiLU-and-mul and clamped SwiGLU, apply_topk_in_fc1, 1..8 ranks.
+// What `mega` runs: FP8-block, BF16 and W4A8 (nvfp4, mxfp4) weights, SiLU-and-mul and clamped SwiGLU, apply_topk_in_fc1, 1..8 ranks.
 Capabilities mega_capabilities();
 // Empty when `mega` can run `config` on `ranks` ranks, else every reason (naming the field and the
 // limit, and for an unsupported weight format why it is not supported yet). Plain C++ (CI tests it).

@@ -15,4 +15,11 @@ namespace megamoe {
 void upload_packed_expert(const char* field, const formats::QuantizedMatrix& m, WeightFormat format, int64_t rows,
                           int64_t cols, int expert, kernels::GemmRole role, void* data_slab, float* scales_slab);
 
+// W4A8 (nvfp4 / mxfp4): the same checks, then pack_w4a8_expert_weights (grouped_gemm.h "W4A8") into
+// expert `expert`'s slots of the data, group-scale and block-record slabs (per-expert sizes:
+// packed_w4a8_size). Synchronous.
+void upload_packed_w4a8_expert(const char* field, const formats::QuantizedMatrix& m, WeightFormat format,
+                               int64_t rows, int64_t cols, int expert, kernels::GemmRole role, void* data_slab,
+                               uint8_t* group_scales_slab, kernels::W4a8BlockScale* blocks_slab);
+
 }  // namespace megamoe

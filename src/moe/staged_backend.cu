@@ -163,9 +163,10 @@ class StagedBackend final : public MoeBackend {
                   " must be in [0, ", local_experts_, ")");
     const int64_t H = config_.hidden, I = config_.intermediate;
     if (w4a8_) {
-      copy_w4a8_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_group_scales_, w13_blocks_,
-                       kernels::GemmRole::kGateUp);
-      copy_w4a8_matrix("w2", w.w2, H, I, local_expert, w2_, w2_group_scales_, w2_blocks_, kernels::GemmRole::kDown);
+      upload_packed_w4a8_expert("w13", w.w13, config_.weight_format, 2 * I, H, local_expert, kernels::GemmRole::kGateUp,
+                                w13_, w13_group_scales_, w13_blocks_);
+      upload_packed_w4a8_expert("w2", w.w2, config_.weight_format, H, I, local_expert, kernels::GemmRole::kDown, w2_,
+                                w2_group_scales_, w2_blocks_);
     } else {
       copy_matrix("w13", w.w13, 2 * I, H, local_expert, w13_, w13_scales_, gate_up_packing_);
       copy_matrix("w2", w.w2, H, I, local_expert, w2_, w2_scales_, kernels::GemmRole::kDown);
@@ -384,25 +385,6 @@ class StagedBackend final : public MoeBackend {
   void copy_matrix(const char* field, const formats::QuantizedMatrix& m, int64_t rows, int64_t cols, int expert,
                    void* data, float* scales, kernels::GemmRole role) {
     upload_packed_expert(field, m, config_.weight_format, rows, cols, expert, role, data, scales);
-  }
-
-  // W4A8: the kernel layout of grouped_gemm.h ("W4A8"), made once here.
-  void copy_w4a8_matrix(const char* field, const formats::QuantizedMatrix& m, int64_t rows, int64_t cols, int expert,
-                        void* data, uint8_t* group_scales, kernels::W4a8BlockScale* blocks, kernels::GemmRole role) {
-    MEGAMOE_CHECK(m.format == config_.weight_format, field, ".format = ", weight_format_name(m.format),
-                  " but the config says ", weight_format_name(config_.weight_format));
-    MEGAMOE_CHECK(m.rows == rows && m.cols == cols, field, ": expected [", rows, ", ", cols, "], got [", m.rows,
-                  ", ", m.cols, "]");
-    const kernels::PackedW4a8Size size = kernels::packed_w4a8_size(m.format, rows, cols);
-    std::vector<uint8_t> packed_data(size.data_bytes), packed_scales(size.group_scale_bytes);
-    std::vector<kernels::W4a8BlockScale> packed_blocks(size.block_count);
-    kernels::pack_w4a8_expert_weights(m, role, packed_data.data(), packed_scales.data(), packed_blocks.data());
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(data) + size.data_bytes * expert, packed_data.data(),
-                                  size.data_bytes, cudaMemcpyHostToDevice));
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(group_scales + size.group_scale_bytes * expert, packed_scales.data(),
-                                  size.group_scale_bytes, cudaMemcpyHostToDevice));
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(blocks + size.block_count * expert, packed_blocks.data(),
-                                  size.block_count * sizeof(kernels::W4a8BlockScale), cudaMemcpyHostToDevice));
   }
 
   MoeConfig config_;

@@ -12,7 +12,8 @@ bool mentions(const std::string& text, const std::string& what) { return text.fi
 
 TEST(MegaCapabilities, ReportsWhatItRuns) {
   const Capabilities c = mega_capabilities();
-  EXPECT_EQ(c.formats, (std::vector<WeightFormat>{WeightFormat::kFp8Block, WeightFormat::kBf16}));
+  EXPECT_EQ(c.formats, (std::vector<WeightFormat>{WeightFormat::kFp8Block, WeightFormat::kBf16, WeightFormat::kNvfp4,
+                                                  WeightFormat::kMxfp4}));
   EXPECT_EQ(c.activations.size(), 2u);
   EXPECT_EQ(c.min_ranks, 1);
   EXPECT_EQ(c.max_ranks, 8);
@@ -31,16 +32,48 @@ TEST(MegaCapabilities, ReportsWhatItRuns) {
   EXPECT_EQ(c.reject_reason(bf16, 2), "");
 }
 
-TEST(MegaCapabilities, RejectedFormatsSayWhy) {
-  MoeConfig c = dsv3_fp8();
+// W4A8 (nvfp4, mxfp4): the dsv3 shape on 1..8 ranks with either activation; the shape limits are the
+// other formats' (256-column GEMM-2 tiles, I % 128, 512 local experts), each named with its field.
+TEST(MegaCapabilities, AcceptsW4a8FormatsOnAnyRankCount) {
+  const Capabilities caps = mega_capabilities();
   for (WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    SCOPED_TRACE(std::string(weight_format_name(f)));
+    MoeConfig c = dsv3_fp8();
     c.weight_format = f;
-    const std::string why = mega_reject_reason(c, 2);
-    EXPECT_TRUE(mentions(why, "weight_format " + std::string(weight_format_name(f)) + " is not supported yet")) << why;
-    EXPECT_TRUE(mentions(why, "W4A8")) << why;
-    EXPECT_TRUE(mentions(why, "use backend staged")) << why;
-    EXPECT_FALSE(mega_capabilities().reject_reason(c, 2).empty());
+    for (int ranks = 1; ranks <= 8; ++ranks) {
+      if (c.num_experts % ranks == 0) {
+        EXPECT_EQ(mega_reject_reason(c, ranks), "") << ranks << " ranks";
+      }
+    }
+    EXPECT_EQ(caps.reject_reason(c, 2), "");
+    c.activation = Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+    c.apply_topk_in_fc1 = true;
+    EXPECT_EQ(mega_reject_reason(c, 4), "");
+    MoeConfig odd = c;  // 3 ranks need a multiple of 3 experts
+    odd.num_experts = 96;
+    EXPECT_EQ(mega_reject_reason(odd, 3), "");
+    MoeConfig narrow = c;
+    narrow.hidden = 7040;
+    EXPECT_TRUE(mentions(mega_reject_reason(narrow, 2), "hidden = 7040 must be a positive multiple of 256"));
+    MoeConfig thin = c;
+    thin.intermediate = 2000;
+    const std::string why = mega_reject_reason(thin, 2);
+    EXPECT_TRUE(mentions(why, "intermediate = 2000 must be a positive multiple of 128") && mentions(why, "W4A8")) << why;
+    MoeConfig many = c;
+    many.num_experts = 2048;
+    EXPECT_TRUE(mentions(mega_reject_reason(many, 2), "num_experts / ranks = 1024 local experts must be <= 512"));
+    many.num_experts = 1024;
+    EXPECT_EQ(mega_reject_reason(many, 2), "") << "512 local experts is the limit for W4A8 too";
+    EXPECT_TRUE(mentions(mega_reject_reason(c, 9), "ranks = 9 must be in [1, 8]"));
   }
+}
+
+TEST(MegaCapabilities, UnknownFormatSaysWhatRuns) {
+  MoeConfig c = dsv3_fp8();
+  c.weight_format = static_cast<WeightFormat>(17);
+  const std::string why = mega_reject_reason(c, 2);
+  EXPECT_TRUE(mentions(why, "is not supported (mega runs fp8_block, bf16, nvfp4 and mxfp4)")) << why;
+  EXPECT_FALSE(mega_capabilities().reject_reason(c, 2).empty());
 }
 
 TEST(MegaCapabilities, RejectedShapesNameFieldAndLimit) {
@@ -61,9 +94,9 @@ TEST(MegaCapabilities, RejectedShapesNameFieldAndLimit) {
   // Several problems: all of them, joined.
   const std::string many = reason([](MoeConfig& c) {
     c.hidden = 100;
-    c.weight_format = WeightFormat::kMxfp4;
+    c.top_k = 0;
   });
-  EXPECT_TRUE(mentions(many, "hidden = 100") && mentions(many, "mxfp4")) << many;
+  EXPECT_TRUE(mentions(many, "hidden = 100") && mentions(many, "top_k = 0") && mentions(many, "; ")) << many;
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// The `mega` backend (one fused kernel per forward) on ONE GPU (a single-rank group), FP8-block and BF16
-// weights: vs the host reference, vs `staged` bit for bit, graph replay, determinism, both tile heights,
+// The `mega` backend (one fused kernel per forward) on ONE GPU (a single-rank group), FP8-block, BF16 and
+// W4A8 (nvfp4, mxfp4) weights: vs the host reference, vs `staged` bit for bit, graph replay, determinism, both tile heights,
 // changing token counts, bad input.
 #include <cstdio>
 #include <string>
@@ -11,7 +11,7 @@
 namespace megamoe::testing {
 namespace {
 
-// Every test runs for both weight formats: MegaSingle.<test>/fp8_block and MegaSingle.<test>/bf16.
+// Every test runs for every weight format: MegaSingle.<test>/fp8_block, /bf16, /nvfp4, /mxfp4.
 class MegaSingle : public OneGpuTest<::testing::TestWithParam<WeightFormat>> {};
 
 MoeConfig small_config(int max_tokens, WeightFormat format = WeightFormat::kFp8Block) {
@@ -19,7 +19,7 @@ MoeConfig small_config(int max_tokens, WeightFormat format = WeightFormat::kFp8B
 }
 
 // mega vs staged on the same inputs and weights: 0 differing elements. Both run the same GEMM device
-// code per row (each output element depends only on its row, its weight column and the fixed k-step
+// code per row (W4A8: the same decode, wgmma and promotion pieces of sm90_w4a8_grouped_gemm.cuh) (each output element depends only on its row, its weight column and the fixed k-step
 // order), round the GEMM-1 output the same way, and on one rank both combines sum a token's k slots
 // in one fp32 fmaf chain in slot order.
 TEST_P(MegaSingle, MatchesReferenceAndStagedReplaysAndRepeats) {
@@ -222,22 +222,23 @@ TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
 
 TEST_P(MegaSingle, RejectsUnsupportedConfigurationsWithReasons) {
   auto group = single_rank_group();
-  MoeConfig nvfp4 = small_config(16);
-  nvfp4.weight_format = WeightFormat::kNvfp4;
-  try {
-    make_backend("mega", nvfp4, group.get());
-    ADD_FAILURE() << "mega accepted nvfp4 weights";
-  } catch (const Error& e) {
-    // The registry's capability check answers first (the detailed reason is mega_reject_reason's, CPU-tested).
-    EXPECT_NE(std::string(e.what()).find("weight_format nvfp4 is not supported"), std::string::npos) << e.what();
-  }
+  MoeConfig shared = small_config(16, GetParam());
+  shared.shared_intermediate = 256;
+  EXPECT_THROW(make_backend("mega", shared, group.get()), Error) << "shared experts";
   MoeConfig narrow = small_config(16, GetParam());
   narrow.hidden = 384;  // multiple of 128, not of 256
-  EXPECT_THROW(make_mega_backend(narrow, group.get()), Error);
+  try {
+    make_mega_backend(narrow, group.get());
+    ADD_FAILURE() << "mega accepted hidden = 384";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hidden = 384 must be a positive multiple of 256"), std::string::npos) << e.what();
+  }
 }
 
 // No instantiation prefix: the names stay MegaSingle.<test>/<format>.
-INSTANTIATE_TEST_SUITE_P(, MegaSingle, ::testing::Values(WeightFormat::kFp8Block, WeightFormat::kBf16),
+INSTANTIATE_TEST_SUITE_P(, MegaSingle,
+                         ::testing::Values(WeightFormat::kFp8Block, WeightFormat::kBf16, WeightFormat::kNvfp4,
+                                           WeightFormat::kMxfp4),
                          [](const ::testing::TestParamInfo<WeightFormat>& info) {
                            return std::string(weight_format_name(info.param));
                          });

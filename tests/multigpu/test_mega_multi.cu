@@ -1,5 +1,5 @@
-// The `mega` backend on N GPUs (N = MEGAMOE_TEST_RANKS, default 2), one process per GPU, FP8-block and
-// BF16 weights: vs the host reference on every routing, unequal and zero token counts, graph replay,
+// The `mega` backend on N GPUs (N = MEGAMOE_TEST_RANKS, default 2), one process per GPU, FP8-block,
+// BF16 and W4A8 (nvfp4, mxfp4) weights: vs the host reference on every routing, unequal and zero token counts, graph replay,
 // determinism, mega vs staged bit for bit, and a stalled peer. Token and expert counts for N ranks
 // follow common/ep_test_ranks.h (N = 2: the 2-rank suite's exact inputs).
 #include <chrono>
@@ -63,6 +63,16 @@ TEST(MegaMulti, Bf16MatchesReferenceOnEveryRouting) {
   matches_reference_on_every_routing(rank, WeightFormat::kBf16);
 }
 
+TEST(MegaMulti, Nvfp4MatchesReferenceOnEveryRouting) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  matches_reference_on_every_routing(rank, WeightFormat::kNvfp4);
+}
+
+TEST(MegaMulti, Mxfp4MatchesReferenceOnEveryRouting) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  matches_reference_on_every_routing(rank, WeightFormat::kMxfp4);
+}
+
 // Many GEMM-2 tiles per CTA with rows bound for both ranks: H = 4096 (16 GEMM-2 n-tiles per m-tile),
 // ~512 rows per local expert (128-row tiles, ~17 m-tiles per rank), so most CTAs run two GEMM-2 tiles
 // whose bulk copies go to peer and local combine rows, with the pieces of the first counted after the
@@ -86,6 +96,12 @@ TEST(MegaMulti, ManyGemm2TilesPerCta) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   many_gemm2_tiles_per_cta(rank, WeightFormat::kFp8Block);
   many_gemm2_tiles_per_cta(rank, WeightFormat::kBf16);
+}
+
+TEST(MegaMulti, W4a8ManyGemm2TilesPerCta) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  many_gemm2_tiles_per_cta(rank, WeightFormat::kNvfp4);
+  many_gemm2_tiles_per_cta(rank, WeightFormat::kMxfp4);
 }
 
 void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format) {
@@ -131,6 +147,12 @@ TEST(MegaMulti, ChangingTokenCountsEveryCall) {
 TEST(MegaMulti, Bf16ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   changing_token_counts_every_call(rank, WeightFormat::kBf16);
+}
+
+TEST(MegaMulti, W4a8ChangingTokenCountsEveryCall) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  changing_token_counts_every_call(rank, WeightFormat::kNvfp4);
+  changing_token_counts_every_call(rank, WeightFormat::kMxfp4);
 }
 
 // The last rank stalls (never launches its forward); every other rank's forward must report a timeout
