@@ -89,8 +89,15 @@ inline MathSchedule choose_math_schedule(int /*rows_per_expert_hint*/) { return 
 // GEMM 1 v9 is chosen by the weights, not here: grouped_gemm1_fp8 runs kGateUpInterleaved for every
 // rows hint when the weights were packed with GemmRole::kGateUpInterleaved8 (a 64-row expert then
 // runs one active warpgroup: active_sub_tiles skips the other's MMAs), and the split-N tiles above for
-// GemmRole::kGateUp. Which packing the staged backend makes is its load-time choice
-// (MEGAMOE_FP8_GEMM1_V9, default off until a same-run A/B shows v9 faster).
+// GemmRole::kGateUp. Which packing the staged backend makes is its load-time choice:
+// prefer_gate_up_interleaved8() below (MEGAMOE_FP8_GEMM1_V9=0/1 overrides it).
+// Measured (session 8, H200, bench gemm at 1024 / 4096 rows per expert group, same run): v9 vs split-N
+// dsv3 (K 7168) 0.978 / 0.976, ms4 (K 4096) 1.098 / 1.112, qwen3-30b (K 2048) 1.124 / 1.096.
+// NOTES: v9 saves the split-N epilogue's gate/up exchange (a fixed cost per tile), so its gain shrinks
+// as K (hidden) grows and the K loop dominates; at K 7168 the 128 x 256 split-M mainloop's extra
+// shared-memory traffic outweighs it. Hence the cut at K <= 4096 (the measured crossover lies between
+// 4096 and 7168).
+inline bool prefer_gate_up_interleaved8(int hidden) { return hidden <= 4096; }
 
 // W4A8 (sm90_w4a8_grouped_gemm.cuh): always split-N, 256 columns; 64 or 128 rows chosen as for GEMM 1
 // (the FP4 decode costs the same per weight byte for both, so the larger tile halves it per FLOP).

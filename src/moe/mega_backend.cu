@@ -135,7 +135,6 @@ class MegaBackend final : public MoeBackend {
       const auto path = std::filesystem::temp_directory_path() /
                         ("megamoe-mega-" + std::to_string(getpid()) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
       own_group_ = EpGroup::bootstrap(0, 1, "file:" + path.string());
-      std::filesystem::remove(path);
       ep = own_group_.get();
     }
     ep_ = ep;

@@ -13,6 +13,7 @@
 
 #include "backends/registry.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/sm90_gemm_heuristics.h"
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
@@ -82,7 +83,6 @@ class StagedBackend final : public MoeBackend {
       const auto path = std::filesystem::temp_directory_path() /
                         ("megamoe-staged-" + std::to_string(getpid()) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
       own_group_ = EpGroup::bootstrap(0, 1, "file:" + path.string());
-      std::filesystem::remove(path);
       ep = own_group_.get();
     }
     ep_ = ep;
@@ -91,12 +91,14 @@ class StagedBackend final : public MoeBackend {
     w4a8_ = config.weight_format == WeightFormat::kNvfp4 || config.weight_format == WeightFormat::kMxfp4;
     fp8_ = config.weight_format == WeightFormat::kFp8Block || w4a8_;  // FP8 activations
     // GEMM-1 weight layout, i.e. which FP8-block GEMM-1 kernel runs (grouped_gemm.h): the packed layout is
-    // made once at load time, so the choice is made here, per backend. MEGAMOE_FP8_GEMM1_V9=1 selects
-    // v9 (gate/up interleaved by 8, split-M 128 x 256); default the split-N tiles until a same-run A/B
-    // shows v9 faster (docs/grouped_gemm.md "v9"). W4A8 / BF16 keep their own layouts.
+    // made once at load time, so the choice is made here, per backend: v9 (gate/up interleaved by 8,
+    // split-M 128 x 256) where sm90::prefer_gate_up_interleaved8(hidden) (measured crossover, see there),
+    // else the split-N tiles; MEGAMOE_FP8_GEMM1_V9=1 / 0 forces one (docs/grouped_gemm.md "v9").
+    // W4A8 / BF16 keep their own layouts.
     if (config.weight_format == WeightFormat::kFp8Block) {
       const char* v9 = std::getenv("MEGAMOE_FP8_GEMM1_V9");
-      gate_up_packing_ = v9 && std::string(v9) == "1" ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
+      const bool use_v9 = v9 && *v9 ? std::string(v9) == "1" : kernels::sm90::prefer_gate_up_interleaved8(config.hidden);
+      gate_up_packing_ = use_v9 ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
     }
     if (!workspace) workspace = make_moe_workspace();  // one layer: a private region
     workspace_ = workspace;
