@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <numeric>
+#include <thread>
 #include <random>
 #include <utility>
 #include <vector>
@@ -86,32 +87,62 @@ Problem make_problem(const std::vector<int>& counts, int n, int k, uint64_t seed
   return p;
 }
 
-// fp64 value and sum of |terms| of out[r, c] for expert e, canonical weight row `wrow`.
-void reference_dot(const Problem& p, int e, int64_t r, int wrow, double* value, double* magnitude) {
-  const int kb_count = p.k / 128;
-  double sum = 0, abs_sum = 0;
-  for (int kb = 0; kb < kb_count; ++kb) {
-    const double scale = static_cast<double>(p.a_scales[r * kb_count + kb]) *
-                         p.w_scales[(static_cast<size_t>(e) * (p.n / 128) + wrow / 128) * kb_count + kb];
-    const uint8_t* a = &p.a[r * p.k + kb * 128];
-    const uint8_t* w = &p.w[(static_cast<size_t>(e) * p.n + wrow) * p.k + kb * 128];
-    double block = 0, abs_block = 0;
-    for (int i = 0; i < 128; ++i) {
-      const double product = static_cast<double>(e4m3_decode(a[i])) * e4m3_decode(w[i]);
-      block += product;
-      abs_block += std::fabs(product);
-    }
-    sum += block * scale;
-    abs_sum += abs_block * std::fabs(scale);
-  }
-  *value = sum;
-  *magnitude = abs_sum;
-}
-
 int expert_of_row(const Problem& p, int64_t r) {
   for (int e = 0; e < p.experts; ++e)
     if (r >= p.offsets[e] && r < p.offsets[e + 1]) return e;
   return -1;
+}
+
+// fp64 value and sum of |terms| of out[r, c] (expert e of row r, canonical weight row c < n_cols) for
+// every row of an expert, computed once with all host cores and an E4M3 decode table (a serial
+// per-element loop made the full-buffer and many-tiles tests take ~100 s each).
+struct ReferenceGrid {
+  int n = 0;
+  std::vector<double> value, magnitude;  // [capacity, n]; rows of no expert stay 0
+  double at(int64_t r, int c) const { return value[r * n + c]; }
+  double magnitude_at(int64_t r, int c) const { return magnitude[r * n + c]; }
+};
+
+ReferenceGrid reference_grid(const Problem& p, int n_cols) {
+  ReferenceGrid grid;
+  grid.n = n_cols;
+  grid.value.assign(p.capacity * n_cols, 0.0);
+  grid.magnitude.assign(p.capacity * n_cols, 0.0);
+  double decode[256];
+  for (int code = 0; code < 256; ++code) decode[code] = e4m3_decode(static_cast<uint8_t>(code));
+  const int kb_count = p.k / 128;
+  const auto rows_of = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int e = expert_of_row(p, r);
+      if (e < 0) continue;
+      for (int c = 0; c < n_cols; ++c) {
+        double sum = 0, abs_sum = 0;  // reference_dot's loop, table-decoded
+        for (int kb = 0; kb < kb_count; ++kb) {
+          const double scale = static_cast<double>(p.a_scales[r * kb_count + kb]) *
+                               p.w_scales[(static_cast<size_t>(e) * (p.n / 128) + c / 128) * kb_count + kb];
+          const uint8_t* a = &p.a[r * p.k + kb * 128];
+          const uint8_t* w = &p.w[(static_cast<size_t>(e) * p.n + c) * p.k + kb * 128];
+          double block = 0, abs_block = 0;
+          for (int i = 0; i < 128; ++i) {
+            const double product = decode[a[i]] * decode[w[i]];
+            block += product;
+            abs_block += std::fabs(product);
+          }
+          sum += block * scale;
+          abs_sum += abs_block * std::fabs(scale);
+        }
+        grid.value[r * n_cols + c] = sum;
+        grid.magnitude[r * n_cols + c] = abs_sum;
+      }
+    }
+  };
+  const int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  const int64_t chunk = (p.capacity + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  for (int64_t begin = 0; begin < p.capacity; begin += chunk)
+    workers.emplace_back(rows_of, begin, std::min(p.capacity, begin + chunk));
+  for (auto& worker : workers) worker.join();
+  return grid;
 }
 
 std::string describe(const Problem& p, uint64_t seed) {
@@ -176,6 +207,7 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
   if (schedule == Fp8GemmSchedule::kPingPong)
     EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial) == result) << "pingpong and serial outputs differ";
 
+  const ReferenceGrid grid = reference_grid(p, n);
   double error_sq = 0, ref_sq = 0;
   int64_t bad = 0, mismatched_bits = 0;
   for (int64_t r = 0; r < p.capacity; ++r) {
@@ -186,8 +218,7 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
         if (got_bits != 0xFFFF && bad++ < 5) ADD_FAILURE() << "row " << r << " of no expert was written";
         continue;
       }
-      double ref, magnitude;
-      reference_dot(p, e, r, c, &ref, &magnitude);
+      const double ref = grid.at(r, c), magnitude = grid.magnitude_at(r, c);
       const float got = bf16_decode(got_bits);
       if (!std::isfinite(got)) {
         if (bad++ < 5) ADD_FAILURE() << "non-finite out[" << r << ", " << c << "]";
@@ -431,7 +462,8 @@ void dump_gemm1_outputs(uint64_t seed, int rows_hint, const char* schedule, cons
 
 // Exact inputs only: gate / up in fp64 (exact in FP32, checked), the device reference above, then codes
 // and scales of every expert row compared bit for bit with the kernel's.
-void expect_gemm1_matches_device_arithmetic(const Problem& p, int intermediate, const Activation& act,
+void expect_gemm1_matches_device_arithmetic(const Problem& p, const ReferenceGrid& grid, int intermediate,
+                                            const Activation& act,
                                             const std::vector<float>* topk, const std::vector<uint8_t>& q,
                                             const std::vector<float>& scales) {
   std::vector<float> gate(p.capacity * intermediate, 0.0f), up(p.capacity * intermediate, 0.0f);
@@ -440,9 +472,7 @@ void expect_gemm1_matches_device_arithmetic(const Problem& p, int intermediate, 
     const int e = expert_of_row(p, r);
     if (e < 0) continue;
     for (int c = 0; c < intermediate; ++c) {
-      double g, u, magnitude;
-      reference_dot(p, e, r, c, &g, &magnitude);
-      reference_dot(p, e, r, intermediate + c, &u, &magnitude);
+      const double g = grid.at(r, c), u = grid.at(r, intermediate + c);
       gate[r * intermediate + c] = static_cast<float>(g);
       up[r * intermediate + c] = static_cast<float>(u);
       if (static_cast<double>(static_cast<float>(g)) != g || static_cast<double>(static_cast<float>(u)) != u) ++inexact;
@@ -580,6 +610,7 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
   }
 
   const int groups = intermediate / 128;
+  const ReferenceGrid grid = reference_grid(p, 2 * intermediate);
   double error_sq = 0, ref_sq = 0;
   int64_t bad = 0, flips = 0, values = 0;
   std::vector<double> h(128), h_error(128);
@@ -599,9 +630,8 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
       double amax = 0;
       for (int i = 0; i < 128; ++i) {
         const int c = g * 128 + i;
-        double gate, up, gate_magnitude, up_magnitude;
-        reference_dot(p, e, r, c, &gate, &gate_magnitude);
-        reference_dot(p, e, r, intermediate + c, &up, &up_magnitude);
+        const double gate = grid.at(r, c), gate_magnitude = grid.magnitude_at(r, c);
+        const double up = grid.at(r, intermediate + c), up_magnitude = grid.magnitude_at(r, intermediate + c);
         const double weight = use_topk ? topk[r] : 1.0;
         h[i] = activate(gate, up, act) * weight;
         // Error of h from the GEMM's accumulation error (2^-12 of the sum of |terms|, as in the plain
@@ -651,7 +681,7 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
       EXPECT_LT(rel_l2, 2e-3);
       EXPECT_LE(flips, values / 1000);
     }
-    expect_gemm1_matches_device_arithmetic(p, intermediate, act, use_topk ? &topk : nullptr, q, scales);
+    expect_gemm1_matches_device_arithmetic(p, grid, intermediate, act, use_topk ? &topk : nullptr, q, scales);
   } else {
     EXPECT_LT(rel_l2, 1e-2);
   }
