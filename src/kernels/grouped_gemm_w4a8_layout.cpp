@@ -56,7 +56,7 @@ PackedW4a8Size packed_w4a8_size(WeightFormat format, int64_t rows, int64_t cols)
 void pack_w4a8_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole role, uint8_t* data_out,
                               uint8_t* group_scales_out, W4a8BlockScale* blocks_out) {
   const WeightFormat format = canonical.format;
-  const PackedW4a8Size size = packed_w4a8_size(format, canonical.rows, canonical.cols);
+  (void)packed_w4a8_size(format, canonical.rows, canonical.cols);  // validates the shape (named errors)
   MEGAMOE_CHECK(data_out != nullptr && group_scales_out != nullptr && blocks_out != nullptr,
                 "pack_w4a8_expert_weights: output pointers must be non-null");
   canonical.validate();
