@@ -4,7 +4,8 @@
 // NOTES:
 //   * Effective TFLOP/s = 2 * rows * H * I * 3 / t, rows = routed (token, expert) pairs (id >= 0):
 //     GEMM-1 is [rows, H] x [H, 2I], GEMM-2 [rows, I] x [I, H].
-//   * Weights: `distinct_experts` random experts (seeded, normal, scaled 1/sqrt(K), quantized with
+//   * Weights: `distinct_experts` random experts (each its own seeded stream, built in parallel; normal,
+//     scaled 1/sqrt(K), quantized with
 //     formats::quantize); expert e uses pool[e % distinct_experts]. CPU backends (needs_gpu false)
 //     are built with num_experts = distinct_experts and ids taken mod distinct_experts: the same
 //     arithmetic for every token, without E dense copies in host memory.

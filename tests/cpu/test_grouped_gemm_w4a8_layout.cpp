@@ -52,9 +52,9 @@ Packed pack(const formats::QuantizedMatrix& m, kernels::GemmRole role) {
   return p;
 }
 
-void check_layout(WeightFormat format, kernels::GemmRole role) {
-  SCOPED_TRACE(std::string(weight_format_name(format)) + (role == kernels::GemmRole::kGateUp ? " gate_up" : " down"));
-  const int64_t rows = 512, cols = 384;
+void check_layout(WeightFormat format, kernels::GemmRole role, int64_t rows = 512, int64_t cols = 384) {
+  SCOPED_TRACE(std::string(weight_format_name(format)) + (role == kernels::GemmRole::kGateUp ? " gate_up" : " down") +
+               " " + std::to_string(rows) + " x " + std::to_string(cols));
   const auto m = random_fp4_matrix(format, rows, cols, 7);
   const Packed p = pack(m, role);
   const int group = format == WeightFormat::kNvfp4 ? 16 : 32, per_block = 128 / group;
@@ -76,6 +76,9 @@ void check_layout(WeightFormat format, kernels::GemmRole role) {
 TEST(GroupedGemmW4a8Layout, CodesAndScalesLandWhereDocumented) {
   for (WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4})
     for (auto role : {kernels::GemmRole::kDown, kernels::GemmRole::kGateUp}) check_layout(f, role);
+  // >= 2^22 weights: the packer splits the rows over the host's cores (row ranges end mid-tile).
+  check_layout(WeightFormat::kNvfp4, kernels::GemmRole::kGateUp, 1280, 4096);
+  check_layout(WeightFormat::kMxfp4, kernels::GemmRole::kDown, 1280, 3712);
 }
 
 TEST(GroupedGemmW4a8Layout, DecodeExponentKeepsLargestValueInFp8Range) {
