@@ -69,8 +69,10 @@ Problem make_problem(const std::vector<int>& counts, int n, int k, uint64_t seed
     std::uniform_int_distribution<int> value(-4, 4), exponent(-3, 2);
     p.a.resize(p.capacity * k);
     p.w.resize(static_cast<size_t>(p.experts) * n * k);
-    for (auto& x : p.a) x = e4m3_encode(value(rng));
-    for (auto& x : p.w) x = e4m3_encode(value(rng));
+    uint8_t code_of[9];  // e4m3_encode of -4..4, once (it is a table search per call)
+    for (int v = -4; v <= 4; ++v) code_of[v + 4] = e4m3_encode(v);
+    for (auto& x : p.a) x = code_of[value(rng) + 4];
+    for (auto& x : p.w) x = code_of[value(rng) + 4];
     p.a_scales.resize(p.capacity * (k / 128));
     p.w_scales.resize(static_cast<size_t>(p.experts) * (n / 128) * (k / 128));
     for (auto& s : p.a_scales) s = std::ldexp(1.0f, exponent(rng));
