@@ -4,10 +4,11 @@
 # GEMM-2 input code flips (docs/mega.md "W4A8 rel-L2 of small calls")? Prebuilt binaries only
 # (scripts/prebuild.sh NAME; carry .xfer/pre-NAME, and .xfer/<branch> when NAME is not main's tree):
 #   OUT=$OUT bash scripts/gpu_w4a8_acc.sh [NAME]     (NAME default mega-w4a8-acc; `main` once merged)
-# Statistics if: mega == staged on one rank bit for bit (differing=0), the one-GPU replay prints the
-# same hash as the 2-rank run for each (call, rank), and call 0 rank 1's error sits in token 0 (~17% of
-# the energy, max |err| ~8.5 at column 159: act 226 of slot 0 flipped from -256 to -288, the model's
-# one discrete event). A mega bug shows as differing > 0 (first differing token/column printed).
+# Accumulation, not mega, if: mega == staged on one rank bit for bit (differing=0), the one-GPU replay
+# prints the same hash as the 2-rank run for each (call, rank), and nvfp4 call 0 rank 1's error sits in
+# tokens 0 (max |err| 8.5 at column 159: act 226 of slot 0 flipped from -256 to -288) and 21, as in
+# scripts/fp8_accumulation_model.cpp (0.0114131 there). A mega bug shows as differing > 0 (first
+# differing token/column printed).
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 source scripts/use_prebuilt.sh "${1:-mega-w4a8-acc}" >/dev/null || exit 1
