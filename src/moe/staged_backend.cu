@@ -361,8 +361,6 @@ class StagedBackend final : public MoeBackend {
     destroy_phase_events();
   }
 
-  EpGroup& group() { return *ep_; }
-
  private:
   void require_alive(const char* call) const {
     MEGAMOE_CHECK(!destroyed_, "backend staged: ", call, " called after destroy()");
