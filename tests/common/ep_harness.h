@@ -32,6 +32,7 @@
 #include "megamoe/error_cuda.h"
 #include "megamoe/moe.h"
 #include "megamoe/poison.h"
+#include "moe/mega_backend.h"
 #include "moe/staged_backend.h"
 
 namespace megamoe::testing {
@@ -604,7 +605,23 @@ inline double rel_l2_budget(WeightFormat f) { return f == WeightFormat::kBf16 ? 
 // staged rounds each rank's partial sum to bf16 before the source adds them (docs/ep.md); mega's
 // reduce sums all k slots of a token in one fp32 chain on the source rank on any rank count, which is
 // the one-rank model (on 2 ranks the per-rank rounding alone is ~3e-3 rel-L2, above the BF16 budget).
+// `mega`'s split path runs the staged pipeline, so it rounds like staged: the model follows the path the
+// backend's forward took (MoeBackend::last_forward_path).
 inline int reference_combine_ranks(const std::string& name, int ranks) { return name == "mega" ? 1 : ranks; }
+inline int reference_combine_ranks(const MoeBackend& backend, int ranks) {
+  return backend.name() == "mega" && backend.last_forward_path() != "split" ? 1 : ranks;
+}
+
+// make_backend, plus "mega[fused]" / "mega[split]" / "mega[auto]": `mega` with that path mode
+// (src/moe/mega_path_heuristics.h) whatever MEGAMOE_MEGA_PATH says.
+inline std::unique_ptr<MoeBackend> make_test_backend(const std::string& name, const MoeConfig& c, EpGroup* group,
+                                                     std::shared_ptr<MoeWorkspace> workspace = nullptr) {
+  const std::string prefix = "mega[";
+  if (name.rfind(prefix, 0) == 0 && name.back() == ']')
+    return make_mega_backend(c, group, std::move(workspace),
+                             parse_mega_path_mode(name.substr(prefix.size(), name.size() - prefix.size() - 1), name));
+  return make_backend(name, c, group, std::move(workspace));
+}
 
 // What run_backend_case checks beyond the reference comparison.
 struct BackendCaseOptions {
@@ -625,7 +642,7 @@ struct BackendCaseOptions {
 inline std::vector<uint16_t> run_backend_once(const std::string& name, EpGroup& group, const MoeConfig& c,
                                               const std::vector<HostExpert>& experts, const RankInputs& in,
                                               cudaStream_t stream) {
-  auto backend = make_backend(name, c, &group);
+  auto backend = make_test_backend(name, c, &group);
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(stream);
@@ -652,7 +669,7 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   MEGAMOE_CHECK(static_cast<int>(lc.tokens_per_rank.size()) == R, "LayerCase.tokens_per_rank has ",
                 lc.tokens_per_rank.size(), " entries for ", R, " ranks");
   const auto experts = make_experts(c, lc.seed);
-  auto backend = make_backend(name, c, &group);
+  auto backend = make_test_backend(name, c, &group);
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(stream);
@@ -665,13 +682,16 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   backend->forward(inputs, outputs, stream);
   group.synchronize(stream);
   const auto got = dev.download_out();
+  if (name == "mega[fused]" || name == "mega[split]")
+    EXPECT_EQ("mega[" + backend->last_forward_path() + "]", name) << "the forced path was not taken";
   std::vector<double> tolerance;
-  const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(name, R));
+  const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(*backend, R));
   const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
   EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
-  std::printf("[%s] rank %d %s %s T=%d rel_l2=%.3g\n", name.c_str(), me,
-              std::string(weight_format_name(c.weight_format)).c_str(), routing_name(lc.routing), in.tokens, cmp.rel_l2);
+  std::printf("[%s] rank %d %s %s T=%d rel_l2=%.3g%s%s\n", name.c_str(), me,
+              std::string(weight_format_name(c.weight_format)).c_str(), routing_name(lc.routing), in.tokens, cmp.rel_l2,
+              backend->last_forward_path().empty() ? "" : " path ", backend->last_forward_path().c_str());
   for (int repeat = 0; repeat < options.repeats; ++repeat) {
     poison_device_buffer(dev.out, out_bytes, 0xFF, stream);
     backend->forward(inputs, outputs, stream);

@@ -16,7 +16,11 @@ namespace {
 // is computed, and mega's combine sums a token's k slots in one fp32 chain on any rank count, as staged
 // does on one rank. (A multi-rank staged rounds each rank's partial sum to bf16 first: that differs from
 // mega by up to that rounding, and both are checked against the reference instead.)
-void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat format) {
+// `name`: "mega[fused]" (the one kernel) or "mega[split]" (the staged pipeline on mega's weights, which
+// rounds each rank's partial like staged: it is compared with staged on the same group, bit for bit).
+void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat format,
+                                        const std::string& name = "mega[fused]") {
+  const bool split = name == "mega[split]";
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
   const int R = rank.ranks;
@@ -30,16 +34,16 @@ void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat f
     options.graph_replay = routing == Routing::kUniform || routing == Routing::kAllToRank0;
     options.repeats = 3;
     options.compare_with = routing == Routing::kUniform || routing == Routing::kPadded ? "staged" : nullptr;
-    options.compare_on_single_rank = true;
+    options.compare_on_single_rank = !split;
     options.max_differing = 0;
-    run_backend_case("mega", *group, lc, s.stream, options);
+    run_backend_case(name, *group, lc, s.stream, options);
   }
   LayerCase empty_rank;  // rank 0 has no tokens at all
   empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, R), 2, format, Activation{}, false, 0, 64};
   empty_rank.tokens_per_rank = spread_tokens(0, 50, R);
   BackendCaseOptions replay;
   replay.graph_replay = true;
-  run_backend_case("mega", *group, empty_rank, s.stream, replay);
+  run_backend_case(name, *group, empty_rank, s.stream, replay);
   LayerCase wide;  // DeepSeek-like width and top-k, 128-row tiles, clamped SwiGLU with top-k in fc1
   wide.config = MoeConfig{1024, 512, experts_for_ranks(16, R), 8, format, Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true,
                           0, 300};
@@ -47,9 +51,9 @@ void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat f
   BackendCaseOptions repeat;
   repeat.repeats = 5;
   repeat.compare_with = "staged";
-  repeat.compare_on_single_rank = true;
+  repeat.compare_on_single_rank = !split;
   repeat.max_differing = 0;
-  run_backend_case("mega", *group, wide, s.stream, repeat);
+  run_backend_case(name, *group, wide, s.stream, repeat);
   group->destroy();
 }
 
@@ -73,6 +77,16 @@ TEST(MegaMulti, Mxfp4MatchesReferenceOnEveryRouting) {
   matches_reference_on_every_routing(rank, WeightFormat::kMxfp4);
 }
 
+// The split path (mega_path_heuristics.h) on every routing, an empty rank with graph replay, and the
+// wide case: vs the reference and bit for bit vs staged on the same group. One FP8 and one W4A8 format
+// (BF16 runs the same pipeline code as staged's BF16 suite; MegaMulti.*ChangingTokenCountsEveryCall
+// runs every format on both paths).
+TEST(MegaMulti, SplitPathMatchesReferenceOnEveryRouting) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  matches_reference_on_every_routing(rank, WeightFormat::kFp8Block, "mega[split]");
+  matches_reference_on_every_routing(rank, WeightFormat::kNvfp4, "mega[split]");
+}
+
 // Many GEMM-2 tiles per CTA with rows bound for both ranks: H = 4096 (16 GEMM-2 n-tiles per m-tile),
 // ~512 rows per local expert (128-row tiles, ~17 m-tiles per rank), so most CTAs run two GEMM-2 tiles
 // whose bulk copies go to peer and local combine rows, with the pieces of the first counted after the
@@ -88,7 +102,7 @@ void many_gemm2_tiles_per_cta(const LaunchedRank& rank, WeightFormat format) {
   options.compare_with = "staged";
   options.compare_on_single_rank = true;
   options.max_differing = 0;
-  run_backend_case("mega", *group, lc, s.stream, options);
+  run_backend_case("mega[fused]", *group, lc, s.stream, options);  // the fused kernel's tiling is the subject
   group->destroy();
 }
 
@@ -104,12 +118,18 @@ TEST(MegaMulti, W4a8ManyGemm2TilesPerCta) {
   many_gemm2_tiles_per_cta(rank, WeightFormat::kMxfp4);
 }
 
-void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format) {
+// `name`: "mega[fused]", "mega[split]", or "mega[auto]" with MoeInputs::max_tokens_any_rank set to the
+// largest T of the call (every rank computes every rank's T): rows = that * 4 / (8 / ranks), so the
+// heuristic switches between the paths from call to call, every rank the same way, zero-token ranks
+// included.
+void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format, const std::string& name) {
+  SCOPED_TRACE(name);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
   const MoeConfig c{256, 256, experts_for_ranks(8, rank.ranks), 4, format, Activation{}, false, 0, 128};
   const auto experts = make_experts(c, 9);
-  auto backend = make_backend("mega", c, group.get());
+  auto backend = make_test_backend(name, c, group.get());
+  std::set<std::string> paths;
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(s.stream);
@@ -124,35 +144,49 @@ void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat for
     DeviceInputs dev(in, c.hidden, c.top_k);
     poison_device_buffer(dev.out, static_cast<size_t>(mine) * c.hidden * 2, 0xFF, s.stream);
     MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+    if (name == "mega[auto]") {
+      inputs.max_tokens_any_rank = 0;
+      for (int r = 0; r < rank.ranks; ++r)
+        inputs.max_tokens_any_rank = std::max<int64_t>(inputs.max_tokens_any_rank, changing_tokens(tokens, call, r));
+    }
     MoeOutputs outputs{dev.out_view()};
     backend->forward(inputs, outputs, s.stream);
     group->synchronize(s.stream);
+    paths.insert(backend->last_forward_path());
+    if (name == "mega[auto]") {
+      const int64_t rows = inputs.max_tokens_any_rank * c.top_k / backend->num_local_experts();
+      EXPECT_EQ(backend->last_forward_path(), rows > 32 ? "split" : "fused") << "rows per local expert " << rows;
+    }
     std::vector<double> tolerance;
-    const auto ref = reference_layer(c, experts, in, &tolerance);
+    const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(*backend, rank.ranks));
     const Comparison cmp = compare_outputs(dev.download_out(), ref, c.hidden, tolerance);
     EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format));
     EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
     checked += mine;
   }
   EXPECT_GT(checked, 0);
+  if (name == "mega[auto]") EXPECT_EQ(paths.size(), 2u) << "the calls should exercise both paths";
   backend->destroy();
   group->destroy();
 }
 
 TEST(MegaMulti, ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  changing_token_counts_every_call(rank, WeightFormat::kFp8Block);
+  for (const char* name : {"mega[fused]", "mega[split]", "mega[auto]"})
+    changing_token_counts_every_call(rank, WeightFormat::kFp8Block, name);
 }
 
 TEST(MegaMulti, Bf16ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  changing_token_counts_every_call(rank, WeightFormat::kBf16);
+  for (const char* name : {"mega[fused]", "mega[auto]"}) changing_token_counts_every_call(rank, WeightFormat::kBf16, name);
 }
 
 TEST(MegaMulti, W4a8ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  changing_token_counts_every_call(rank, WeightFormat::kNvfp4);
-  changing_token_counts_every_call(rank, WeightFormat::kMxfp4);
+  for (const char* name : {"mega[fused]", "mega[auto]"}) {
+    changing_token_counts_every_call(rank, WeightFormat::kNvfp4, name);
+    changing_token_counts_every_call(rank, WeightFormat::kMxfp4, name);
+  }
 }
 
 // The last rank stalls (never launches its forward); every other rank's forward must report a timeout
@@ -166,7 +200,7 @@ TEST(MegaMulti, StalledPeerTimesOutWithItsName) {
   const int stalled = rank.ranks - 1;
   const MoeConfig c{256, 256, experts_for_ranks(8, rank.ranks), 2, WeightFormat::kFp8Block, Activation{}, false, 0, 16};
   const auto experts = make_experts(c, 2);
-  auto backend = make_backend("mega", c, group.get());
+  auto backend = make_test_backend("mega[fused]", c, group.get());
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(s.stream);
