@@ -621,7 +621,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
         r.check_passed = finite && r.check_rel_l2 <= 1e-2;
       }
       if (speak)
-        std::printf("%-16s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx  %5.2fx floor (%s)  "
+        std::printf("%-12s tokens %6d  rows %7lld  median %12.1f us  %8.3f TFLOP/s  %6.2fx  %5.2fx floor (%s)  "
                     "NVLink %.1f GB/s  split %s%s\n",
                     r.backend.c_str(), tokens, static_cast<long long>(r.rows), r.median_us, r.tflops, r.ratio_to_first,
                     r.ratio_to_floor, floor.bound(), r.nvlink_gbps, phase_split_text(r.phases).c_str(),
@@ -640,10 +640,10 @@ void print_layer_table(const LayerBenchOptions& o, const std::vector<LayerCaseRe
               o.apply_topk_in_fc1 ? " (top-k in fc1)" : "", std::string(routing_pattern_name(o.routing)).c_str(), o.ranks,
               o.iters);
   // "split µs" pads to 67 bytes: µ takes two bytes and one column.
-  std::printf("| %-16s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-8s | %11s | %-67s | %-22s |\n",
+  std::printf("| %-14s | %7s | %8s | %12s | %12s | %9s | %8s | %10s | %8s | %-8s | %11s | %-67s | %-22s |\n",
               "backend", "tokens", "rows", "median us", "min us", "TFLOP/s", "vs first", "floor us", "vs floor",
               "floor by", "NVLink GB/s", "split µs", "check (rel-L2)");
-  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(18, '-').c_str(), std::string(9, '-').c_str(),
+  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(16, '-').c_str(), std::string(9, '-').c_str(),
               std::string(10, '-').c_str(), std::string(14, '-').c_str(), std::string(14, '-').c_str(),
               std::string(11, '-').c_str(), std::string(10, '-').c_str(), std::string(12, '-').c_str(),
               std::string(10, '-').c_str(), std::string(10, '-').c_str(), std::string(13, '-').c_str(),
@@ -651,7 +651,7 @@ void print_layer_table(const LayerBenchOptions& o, const std::vector<LayerCaseRe
   for (const LayerCaseResult& r : results) {
     char check[64] = "-";
     if (r.checked) std::snprintf(check, sizeof(check), "%s (%.2e)", r.check_passed ? "ok" : "FAILED", r.check_rel_l2);
-    std::printf("| %-16s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-8s | %11.1f | %-66s | %-22s |\n",
+    std::printf("| %-14s | %7d | %8lld | %12.1f | %12.1f | %9.4f | %7.2fx | %10.1f | %7.2fx | %-8s | %11.1f | %-66s | %-22s |\n",
                 r.backend.c_str(), r.tokens, static_cast<long long>(r.rows), r.median_us, r.min_us, r.tflops,
                 r.ratio_to_first, r.floor_us, r.ratio_to_floor, r.floor.bound(), r.nvlink_gbps,
                 phase_split_text(r.phases).c_str(), check);

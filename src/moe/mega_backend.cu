@@ -255,6 +255,7 @@ class MegaBackend final : public MoeBackend {
     out.out = TensorView::make2d(nullptr, DType::kBF16, 0, config_.hidden, Device::kCuda);
     // Zero tokens on every path a forward can take: every phase and every flag once. Same order on
     // every rank (both paths are collective).
+    require_loaded();
     forward_on(MegaPath::kFused, in, out, stream);
     if (split_scratch_) forward_on(MegaPath::kSplit, in, out, stream);
     ep_->synchronize(stream);
@@ -263,10 +264,7 @@ class MegaBackend final : public MoeBackend {
 
   void forward(const MoeInputs& in, MoeOutputs& out, StreamHandle stream) override {
     require_alive("forward");
-    ep_->check_errors();
-    for (int e = 0; e < local_experts_; ++e)
-      MEGAMOE_CHECK(loaded_[e], "backend mega: local expert ", e, " (global ", first_expert_ + e,
-                    ") was never loaded with load_expert()");
+    require_loaded();
     MEGAMOE_CHECK(in.hidden.rank == 2, "inputs.hidden: expected a 2-D tensor, got rank ", in.hidden.rank);
     const int64_t T = in.hidden.shape[0];
     // NOTES: checked before the launch, so an overflowing call writes nothing anywhere.
@@ -295,6 +293,12 @@ class MegaBackend final : public MoeBackend {
   }
 
  private:
+  void require_loaded() {
+    ep_->check_errors();
+    for (int e = 0; e < local_experts_; ++e)
+      MEGAMOE_CHECK(loaded_[e], "backend mega: local expert ", e, " (global ", first_expert_ + e,
+                    ") was never loaded with load_expert()");
+  }
   // One forward on `path` (inputs already checked).
   void forward_on(MegaPath path, const MoeInputs& in, MoeOutputs& out, StreamHandle stream) {
     last_path_ = static_cast<int>(path);
