@@ -596,6 +596,81 @@ inline Comparison compare_outputs(const std::vector<uint16_t>& got, const std::v
   return cmp;
 }
 
+// Two backends' outputs (bf16 bits) element by element: how many differ, the largest distance in bf16
+// ulps and the first differing (token, column) with both values.
+struct BitComparison {
+  int64_t differing = 0, max_ulps = 0;
+  std::string first;
+};
+inline BitComparison compare_bits(const std::vector<uint16_t>& got, const std::vector<uint16_t>& other, int H) {
+  BitComparison cmp;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] == other[i]) continue;
+    if (cmp.differing++ == 0)
+      cmp.first = "token " + std::to_string(i / H) + " column " + std::to_string(i % H) + ": " +
+                  std::to_string(bf16_value(got[i])) + " vs " + std::to_string(bf16_value(other[i]));
+    cmp.max_ulps = std::max(cmp.max_ulps, bf16_ulp_distance(got[i], other[i]));
+  }
+  return cmp;
+}
+
+// FNV-1a of an output's bits: two runs (processes, rank counts, backends) that print the same hash
+// produced the same output.
+inline uint64_t output_hash(const std::vector<uint16_t>& bits) {
+  uint64_t h = 14695981039346656037ull;
+  for (uint16_t b : bits) {
+    h = (h ^ (b & 0xFF)) * 1099511628211ull;
+    h = (h ^ (b >> 8)) * 1099511628211ull;
+  }
+  return h;
+}
+
+// Where an output's error against `want` sits, token by token (for a failing rel-L2 or a differing
+// element): the `top` tokens with the largest error energy, each with its share of the error energy,
+// its share of the energy of `want` (rel-L2 is dominated by the few tokens with the largest rows:
+// make_rank_inputs scales rows by 2^-4 .. 2^4), its largest |error| and that column; and the
+// participation ratio of `want` (1 / sum of squared token shares: how many tokens rel-L2 averages over).
+inline std::string token_error_report(const std::vector<uint16_t>& got, const std::vector<float>& want, int H, int top = 4) {
+  const size_t tokens = want.size() / H;
+  struct Row {
+    double error = 0, energy = 0, max_abs = 0;
+    int max_column = 0;
+    size_t token = 0;
+  };
+  std::vector<Row> rows(tokens);
+  double error_total = 0, energy_total = 0;
+  for (size_t t = 0; t < tokens; ++t) {
+    Row& r = rows[t];
+    r.token = t;
+    for (int c = 0; c < H; ++c) {
+      const double w = want[t * H + c], d = static_cast<double>(bf16_value(got[t * H + c])) - w;
+      r.error += d * d;
+      r.energy += w * w;
+      if (!(std::fabs(d) <= r.max_abs)) {
+        r.max_abs = std::fabs(d);
+        r.max_column = c;
+      }
+    }
+    error_total += r.error;
+    energy_total += r.energy;
+  }
+  double squares = 0;
+  for (const Row& r : rows) squares += energy_total > 0 ? (r.energy / energy_total) * (r.energy / energy_total) : 0;
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.error > b.error; });
+  char line[200];
+  std::snprintf(line, sizeof line, "effective tokens %.1f of %zu;", squares > 0 ? 1.0 / squares : 0.0, tokens);
+  std::string report = line;
+  for (size_t i = 0; i < std::min<size_t>(top, rows.size()); ++i) {
+    const Row& r = rows[i];
+    if (r.error == 0) break;  // sorted: no error from here on
+    std::snprintf(line, sizeof line, " token %zu: %.0f%% of the error, %.0f%% of the energy, max |err| %.3g at column %d;",
+                  r.token, error_total > 0 ? 100 * r.error / error_total : 0.0,
+                  energy_total > 0 ? 100 * r.energy / energy_total : 0.0, r.max_abs, r.max_column);
+    report += line;
+  }
+  return report;
+}
+
 // Per-format rel-L2 budget (issue 3's): FP8 re-quantizes between the GEMMs, and ~1% of the codes may
 // flip where the GPU's accumulation and the fp64 reference straddle a rounding midpoint (each flip
 // is one E4M3 step, 1/16..1/8 relative), so 1e-2 as the grouped-GEMM tests; BF16 2e-3.
@@ -637,24 +712,125 @@ struct BackendCaseOptions {
   bool compare_on_single_rank = false;
 };
 
+// Backend `name` on `group` holding its share of `experts` (indexed globally), loaded and warmed up.
+inline std::unique_ptr<MoeBackend> make_loaded_backend(const std::string& name, const MoeConfig& c, EpGroup& group,
+                                                       const std::vector<HostExpert>& experts, cudaStream_t stream) {
+  auto backend = make_test_backend(name, c, &group);
+  for (int e = 0; e < backend->num_local_experts(); ++e)
+    backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
+  backend->warmup(stream);
+  return backend;
+}
+
+// One forward of a loaded backend on this rank's inputs `in` (on a multi-rank group every rank calls
+// it), the output poisoned first; returns the output (bf16 bits).
+// max_tokens_any_rank: MoeInputs::max_tokens_any_rank (-1 = not given).
+inline std::vector<uint16_t> forward_once(MoeBackend& backend, EpGroup& group, const MoeConfig& c, const RankInputs& in,
+                                          cudaStream_t stream, int64_t max_tokens_any_rank = -1) {
+  DeviceInputs dev(in, c.hidden, c.top_k);
+  poison_device_buffer(dev.out, static_cast<size_t>(in.tokens) * c.hidden * 2, 0xFF, stream);
+  MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+  inputs.max_tokens_any_rank = max_tokens_any_rank;
+  MoeOutputs outputs{dev.out_view()};
+  backend.forward(inputs, outputs, stream);
+  group.synchronize(stream);
+  return dev.download_out();
+}
+
 // Runs backend `name` once on `group` with this rank's inputs `in` (experts indexed globally), returns
 // the output (bf16 bits).
 inline std::vector<uint16_t> run_backend_once(const std::string& name, EpGroup& group, const MoeConfig& c,
                                               const std::vector<HostExpert>& experts, const RankInputs& in,
                                               cudaStream_t stream) {
-  auto backend = make_test_backend(name, c, &group);
-  for (int e = 0; e < backend->num_local_experts(); ++e)
-    backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
-  backend->warmup(stream);
-  DeviceInputs dev(in, c.hidden, c.top_k);
-  poison_device_buffer(dev.out, static_cast<size_t>(in.tokens) * c.hidden * 2, 0xFF, stream);
-  MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
-  MoeOutputs outputs{dev.out_view()};
-  backend->forward(inputs, outputs, stream);
-  group.synchronize(stream);
-  auto out = dev.download_out();
+  auto backend = make_loaded_backend(name, c, group, experts, stream);
+  auto out = forward_once(*backend, group, c, in, stream);
   backend->destroy();
   return out;
+}
+
+// ---- token-count sequences (mega's *ChangingTokenCounts* tests) ---------------------------------------
+// Call `call` of the sequence of MegaMulti.*ChangingTokenCountsEveryCall on `ranks` ranks: rank `rank`'s
+// T (changing_tokens of the call's shared draw), the routing (kSkewed every third call, else kPadded)
+// and its seeded inputs. Also used on ONE GPU (MegaSingle.SkewedCallsOfTheTwoRankSequence) to replay a
+// rank's inputs of the 2-rank sequence.
+// Rank `rank`'s T of call `call` of the sequence (identical on every rank: each knows the others' T).
+inline int token_sequence_count(int call, int rank) {
+  std::mt19937 rng(1000 + call);
+  const int tokens = (rng() % 4 == 0) ? 0 : static_cast<int>(rng() % 129);
+  return changing_tokens(tokens, call, rank);
+}
+inline RankInputs token_sequence_inputs(const MoeConfig& c, int call, int rank, int ranks) {
+  const Routing routing = call % 3 == 0 ? Routing::kSkewed : Routing::kPadded;
+  return make_rank_inputs(500 + call, rank, token_sequence_count(call, rank), c.hidden, c.num_experts, c.top_k,
+                          ranks, routing);
+}
+
+// rel-L2 over several outputs together (sum of squared errors / sum of squares).
+struct RelL2Sum {
+  double num = 0, den = 0;
+  void add(const std::vector<uint16_t>& got, const std::vector<float>& ref) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const double d = static_cast<double>(bf16_value(got[i])) - ref[i];
+      num += d * d;
+      den += static_cast<double>(ref[i]) * ref[i];
+    }
+  }
+  double value() const { return den > 0 ? std::sqrt(num / den) : std::sqrt(num); }
+};
+
+// The most one call of a sequence may reach in rel-L2 vs the host reference, as a multiple of the
+// format's budget; the budget itself applies to the sequence's aggregate (RelL2Sum).
+// NOTES (issue 5, W4A8 call 0 rank 1 at T = 35: 0.0114 on 2 H200s, every other call and test
+// 0.001-0.004): rel-L2 of ONE small call is a noisy statistic. Its error is GEMM-2 input codes that
+// flip where the tensor cores' GEMM-1 sum (FP8 MMA keeps ~14 bits per k-step) and the fp64 reference
+// straddle an E4M3 rounding midpoint (the elementwise bound allows each such code), and it is carried
+// by the few tokens with the largest rows (make_rank_inputs scales rows by 2^-4 .. 2^4: 1-3 "effective
+// tokens" in several calls), so one flip of a large code in such a token moves it by ~0.008.
+// scripts/fp8_accumulation_model.cpp (the kernels' GEMM structure, 13-bit truncating k-steps)
+// reproduces that call at 0.0114131 and the passing checks at 0.001-0.004; in it single calls of this
+// sequence reach 0.0091 (fp8_block), 0.0103 (mxfp4), 0.0114 (nvfp4), all calls together 0.0023-0.0037
+// (docs/mega.md "W4A8 rel-L2 of small calls"). A wrong row, slot or scale is caught per call by the
+// elementwise bound and, for mega, by the bit-exact comparison with `staged` on one rank; this
+// ceiling only catches gross errors that both missed.
+inline constexpr double kSequenceCallRelL2Ceiling = 3.0;
+
+// Checks one call of a sequence: `got` (mega) vs the host reference (elementwise bound asserted, rel-L2
+// at most kSequenceCallRelL2Ceiling x budget, and added to `sum`) and, when `solo` is given, vs the same
+// inputs through `staged` on one rank holding every expert: 0 differing elements (the same GEMM device
+// code per row, one fp32 combine chain per token; see test_mega_multi.cu). Prints one line per call
+// with the output's hash (equal hashes across processes and rank counts = equal outputs) and, when the
+// call exceeds the budget or differs from staged, where the error sits (token_error_report).
+inline void check_sequence_call(const char* tag, int call, int rank, const MoeConfig& c,
+                                const std::vector<HostExpert>& experts, const RankInputs& in,
+                                const std::vector<uint16_t>& got, const std::vector<uint16_t>* solo, RelL2Sum* sum,
+                                int combine_ranks = 1) {
+  const int H = c.hidden;
+  std::vector<double> tolerance;
+  // combine_ranks 1 = one fp32 combine chain (fused mega's model); R = multi-rank staged's per-rank
+  // rounding (mega's split path): reference_combine_ranks.
+  const auto ref = reference_layer(c, experts, in, &tolerance, combine_ranks);
+  const Comparison cmp = compare_outputs(got, ref, H, tolerance);
+  const double budget = rel_l2_budget(c.weight_format);
+  EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure << "; " << token_error_report(got, ref, H);
+  EXPECT_LT(cmp.rel_l2, kSequenceCallRelL2Ceiling * budget) << token_error_report(got, ref, H);
+  sum->add(got, ref);
+  BitComparison bits;
+  double solo_rel_l2 = -1;
+  if (solo) {
+    solo_rel_l2 = compare_outputs(*solo, ref, H, tolerance).rel_l2;
+    bits = compare_bits(got, *solo, H);
+    std::vector<float> solo_values(solo->size());
+    for (size_t i = 0; i < solo->size(); ++i) solo_values[i] = bf16_value((*solo)[i]);
+    EXPECT_EQ(bits.differing, 0) << "mega vs staged on one rank (max " << bits.max_ulps << " bf16 ulp), first: "
+                                 << bits.first << "; vs staged: " << token_error_report(got, solo_values, H);
+  }
+  std::printf("[%s] %s call %d rank %d T=%d rel_l2=%.6g staged_one_rank_rel_l2=%.6g differing=%lld hash=%016llx\n", tag,
+              std::string(weight_format_name(c.weight_format)).c_str(), call, rank, in.tokens, cmp.rel_l2, solo_rel_l2,
+              static_cast<long long>(bits.differing), static_cast<unsigned long long>(output_hash(got)));
+  if (cmp.rel_l2 >= budget)
+    std::printf("[%s]   above the budget %.3g: %s call %d rank %d: %s\n", tag, budget,
+                std::string(weight_format_name(c.weight_format)).c_str(), call, rank, token_error_report(got, ref, H).c_str());
+  std::fflush(stdout);  // whole lines: a multi-GPU test's ranks share the parent's stdout
 }
 
 // Runs backend `name` on this rank against the host reference (rel-L2 AND elementwise bound).
@@ -732,21 +908,13 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
     } else {
       other = run_backend_case(options.compare_with, group, lc, stream, BackendCaseOptions{});
     }
-    int64_t differing = 0, max_ulps = 0;
-    std::string first;
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (got[i] == other[i]) continue;
-      if (differing++ == 0)
-        first = "token " + std::to_string(i / c.hidden) + " column " + std::to_string(i % c.hidden) + ": " +
-                std::to_string(bf16_value(got[i])) + " vs " + std::to_string(bf16_value(other[i]));
-      max_ulps = std::max(max_ulps, bf16_ulp_distance(got[i], other[i]));
-    }
+    const BitComparison bits = compare_bits(got, other, c.hidden);
     std::printf("[%s vs %s%s] rank %d %s: %lld of %zu elements differ, max %lld bf16 ulp\n", name.c_str(),
                 options.compare_with, solo ? " (one rank)" : "", me,
-                std::string(weight_format_name(c.weight_format)).c_str(), static_cast<long long>(differing),
-                got.size(), static_cast<long long>(max_ulps));
+                std::string(weight_format_name(c.weight_format)).c_str(), static_cast<long long>(bits.differing),
+                got.size(), static_cast<long long>(bits.max_ulps));
     if (options.max_differing >= 0)
-      EXPECT_LE(differing, options.max_differing) << name << " vs " << options.compare_with << ", first: " << first;
+      EXPECT_LE(bits.differing, options.max_differing) << name << " vs " << options.compare_with << ", first: " << bits.first;
   }
   return got;
 }
