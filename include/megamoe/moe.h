@@ -57,7 +57,8 @@ struct MoeInputs {
   // Optional: the largest T of any rank in this forward, the SAME value on every rank (-1 = unknown).
   // Backends that choose between execution paths per forward (`mega`: fused kernel or staged pipeline,
   // src/moe/mega_path_heuristics.h) decide on it, since every rank must take the same path; unknown
-  // means the capacity max_tokens_per_rank. Must be >= this rank's T and <= the capacity.
+  // on several ranks means the default path (mega: the fused kernel). Must be >= this rank's T and <=
+  // the capacity.
   int64_t max_tokens_any_rank = -1;
 };
 struct MoeOutputs {

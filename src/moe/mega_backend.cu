@@ -276,7 +276,7 @@ class MegaBackend final : public MoeBackend {
     check_tensor("inputs.topk_weights", in.topk_weights, DType::kF32, {T, config_.top_k}, Device::kCuda);
     check_tensor("outputs.out", out.out, DType::kBF16, {T, config_.hidden}, Device::kCuda);
     // NOTES: the path must be the same on every rank (both are collective): it is decided on the agreed
-    // token count (mega_agreed_tokens: T on one rank, else max_tokens_any_rank, else the capacity),
+    // token count (mega_agreed_tokens: T on one rank, else max_tokens_any_rank, else 0 = fused),
     // never on this rank's T alone. Checked here, before anything is launched.
     const int64_t any_rank = in.max_tokens_any_rank;
     MEGAMOE_CHECK(any_rank < 0 || (any_rank >= T && any_rank <= config_.max_tokens_per_rank),

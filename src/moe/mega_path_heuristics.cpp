@@ -41,7 +41,8 @@ int64_t mega_rows_per_local_expert(int64_t tokens, int top_k, int local_experts)
 int64_t mega_agreed_tokens(int ranks, int64_t tokens, int64_t max_tokens_any_rank, int64_t capacity) {
   if (ranks <= 1) return tokens;
   if (max_tokens_any_rank >= 0) return max_tokens_any_rank;
-  return capacity;
+  (void)capacity;  // not a per-step size: see the header's NOTES
+  return 0;        // the fused kernel
 }
 
 MegaPath choose_mega_path(MegaPathMode mode, int64_t agreed_tokens, int top_k, int local_experts) {

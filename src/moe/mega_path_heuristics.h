@@ -52,10 +52,13 @@ int64_t mega_rows_per_local_expert(int64_t tokens, int top_k, int local_experts)
 //   max_tokens_any_rank >= 0 given   -> it (MoeInputs::max_tokens_any_rank: the caller's promise that
 //                                       it is the same on every rank and >= every rank's T, e.g. the
 //                                       benchmark's or an engine's batch size per rank);
-//   otherwise                        -> capacity (MoeConfig::max_tokens_per_rank, the same everywhere).
-// NOTES: the capacity fallback makes the choice static per layer (a decode engine configured with a
-// large capacity takes the split path even for small steps); callers that know the batch should pass
-// max_tokens_any_rank. Ranks with zero tokens take the agreed path like every other rank.
+//   otherwise                        -> 0, i.e. the fused kernel (mega's behaviour before the split path).
+// NOTES: a capacity fallback (MoeConfig::max_tokens_per_rank is the same everywhere) was the first
+// draft; it made the choice static per layer, so a multi-GPU decode engine configured with a large
+// capacity would have run every small decode step down the split path. Callers that know the batch
+// (the benchmark; an engine that agrees on its step sizes) pass max_tokens_any_rank. Ranks with zero
+// tokens take the agreed path like every other rank. The split scratch is still allocated when the
+// capacity makes the split path reachable (mega_split_reachable), since a caller may pass it.
 int64_t mega_agreed_tokens(int ranks, int64_t tokens, int64_t max_tokens_any_rank, int64_t capacity);
 
 // The path of a forward whose agreed token count is `agreed_tokens`.

@@ -46,11 +46,13 @@ TEST(MegaPathHeuristics, AgreedTokensAreTheSameOnEveryRank) {
   EXPECT_EQ(mega_agreed_tokens(1, 77, -1, 4096), 77);
   EXPECT_EQ(mega_agreed_tokens(1, 0, -1, 4096), 0);
   // Several ranks with unequal (and zero) token counts: every rank's value must be the same, so its
-  // own T never enters: the caller's max_tokens_any_rank, else the capacity.
+  // own T never enters: the caller's max_tokens_any_rank, else 0 (the fused kernel, whatever the
+  // capacity: a decode step must not take the split path because the layer could hold 4096 tokens).
   const int64_t counts[] = {0, 3, 700};
   for (int64_t t : counts) {
     EXPECT_EQ(mega_agreed_tokens(2, t, 700, 4096), 700) << "T " << t;
-    EXPECT_EQ(mega_agreed_tokens(2, t, -1, 4096), 4096) << "T " << t;
+    EXPECT_EQ(mega_agreed_tokens(2, t, -1, 4096), 0) << "T " << t;
+    EXPECT_EQ(choose_mega_path(MegaPathMode::kAuto, mega_agreed_tokens(2, t, -1, 8192), 8, 64), MegaPath::kFused);
   }
   // So the path is the same on every rank too.
   for (int64_t t : counts)
