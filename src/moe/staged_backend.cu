@@ -146,8 +146,6 @@ class StagedBackend final : public MoeBackend {
     phases_.destroy();
   }
 
-  EpGroup& group() { return *ep_; }
-
  private:
   void require_alive(const char* call) const {
     MEGAMOE_CHECK(!destroyed_, "backend staged: ", call, " called after destroy()");
