@@ -22,7 +22,9 @@
 #include <cuda_runtime_api.h>
 
 #include "megamoe/error_cuda.h"
+#include "src/moe/mega_backend.h"
 #endif
+#include "src/moe/mega_path_heuristics.h"
 
 namespace megamoe::bench {
 namespace {
@@ -132,10 +134,43 @@ bool backend_needs_gpu(const std::string& name) {
   return false;  // unknown: make_backend reports it
 }
 
-PreparedBackend prepare(const std::string& name, const LayerBenchOptions& o, const std::vector<ExpertWeights>& pool,
+// One backend to time: its name and, for `mega`, the path mode it runs with.
+struct BackendRun {
+  std::string name;
+  bool mega = false;
+  MegaPathMode mega_path = MegaPathMode::kAuto;
+};
+
+// o.backends with every `mega` expanded by --mega-path (two runs for "both").
+std::vector<BackendRun> backend_runs(const LayerBenchOptions& o) {
+  MEGAMOE_CHECK(o.mega_path == "both" || o.mega_path == "auto" || o.mega_path == "fused" || o.mega_path == "split",
+                "--mega-path = '", o.mega_path, "' must be one of auto, fused, split, both");
+  std::vector<BackendRun> runs;
+  for (const std::string& name : o.backends) {
+    if (normalize_backend_name(name) != "mega") {
+      runs.push_back(BackendRun{name});
+      continue;
+    }
+    if (o.mega_path == "both") {
+      runs.push_back(BackendRun{name, true, MegaPathMode::kFused});
+      runs.push_back(BackendRun{name, true, MegaPathMode::kSplit});
+    } else {
+      runs.push_back(BackendRun{name, true, parse_mega_path_mode(o.mega_path, "--mega-path")});
+    }
+  }
+  return runs;
+}
+
+PreparedBackend prepare(const BackendRun& run, const LayerBenchOptions& o, const std::vector<ExpertWeights>& pool,
                         int max_tokens, EpGroup* ep = nullptr) {
+  const std::string& name = run.name;
   PreparedBackend p;
-  p.backend = make_backend(name, layer_config(o, o.shape.experts, max_tokens), backend_needs_gpu(name) ? ep : nullptr);
+#ifdef MEGAMOE_WITH_CUDA
+  if (run.mega)
+    p.backend = make_mega_backend(layer_config(o, o.shape.experts, max_tokens), ep, nullptr, run.mega_path);
+#endif
+  if (!p.backend)
+    p.backend = make_backend(name, layer_config(o, o.shape.experts, max_tokens), backend_needs_gpu(name) ? ep : nullptr);
   p.on_gpu = p.backend->capabilities().needs_gpu;
   const int D = static_cast<int>(pool.size());
   if (!p.on_gpu && D < o.shape.experts) {
@@ -210,6 +245,7 @@ std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o,
   in.hidden = TensorView::make2d(d_hidden, DType::kBF16, tokens, H, Device::kCuda);
   in.topk_ids = TensorView::make2d(d_ids, DType::kI32, tokens, K, Device::kCuda);
   in.topk_weights = TensorView::make2d(d_weights, DType::kF32, tokens, K, Device::kCuda);
+  in.max_tokens_any_rank = tokens;  // every rank runs the same tokens
   MoeOutputs out;
   out.out = TensorView::make2d(d_out, DType::kBF16, tokens, H, Device::kCuda);
   // Phase timing adds a few event records inside the forward (each one stream operation, no host
@@ -480,6 +516,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
   MEGAMOE_CHECK(o.check_tokens >= 1, "--check-tokens ", o.check_tokens, " must be >= 1");
   MEGAMOE_CHECK(o.distinct_experts >= 1, "--distinct-experts ", o.distinct_experts, " must be >= 1");
   layer_config(o, o.shape.experts, 1).validate();  // shape/format errors before any work
+  backend_runs(o);                                 // --mega-path errors too
 
   const int max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
   Rng rng(o.seed);
@@ -506,10 +543,11 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
   std::vector<uint16_t> hidden(static_cast<size_t>(max_tokens) * o.shape.hidden);
   for (uint16_t& v : hidden) v = formats::f32_to_bf16(rng.normal());
 
+  const std::vector<BackendRun> runs = backend_runs(o);
   std::vector<PreparedBackend> prepared;
-  for (const std::string& name : o.backends) prepared.push_back(prepare(name, o, pool, max_tokens, ep));
+  for (const BackendRun& run : runs) prepared.push_back(prepare(run, o, pool, max_tokens, ep));
   PreparedBackend checker;
-  if (o.check) checker = prepare("reference", o, pool, o.check_tokens);
+  if (o.check) checker = prepare(BackendRun{"reference"}, o, pool, o.check_tokens);
 
   std::vector<LayerCaseResult> results;
   Rng routing_rng = routing_stream(o.seed);
@@ -533,7 +571,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
     double first_us = 0;
     for (size_t b = 0; b < prepared.size(); ++b) {
       if (speak && !prepared[b].on_gpu && flop > 5e10)
-        std::printf("note: %s on the CPU at %d tokens: %.0f GFLOP per forward, expect minutes\n", o.backends[b].c_str(),
+        std::printf("note: %s on the CPU at %d tokens: %.0f GFLOP per forward, expect minutes\n", runs[b].name.c_str(),
                     tokens, flop * 1e-9);
       std::vector<uint16_t> out;
       std::vector<std::vector<MoeBackend::PhaseTime>> phase_runs;
@@ -541,6 +579,12 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
           time_forward(prepared[b], o, hidden, routing, tokens, out, prepared[b].on_gpu ? &phase_runs : nullptr);
       LayerCaseResult r;
       r.backend = std::string(prepared[b].backend->name());
+      r.path = prepared[b].backend->last_forward_path();
+      if (!r.path.empty())  // e.g. mega[split], mega[auto:fused]
+        r.backend.append("[")
+            .append(runs[b].mega && runs[b].mega_path == MegaPathMode::kAuto ? "auto:" : "")
+            .append(r.path)
+            .append("]");
       r.tokens = tokens;
       r.rows = routing.rows;
       r.median_us = median(us);
@@ -650,7 +694,7 @@ nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<
   nlohmann::json j = layer_run_json(o);
   j["cases"] = nlohmann::json::array();
   for (const LayerCaseResult& r : results) {
-    nlohmann::json c = {{"backend", r.backend},     {"tokens", r.tokens},   {"rows", r.rows},
+    nlohmann::json c = {{"backend", r.backend},     {"path", r.path},       {"tokens", r.tokens},   {"rows", r.rows},
                         {"median_us", r.median_us}, {"min_us", r.min_us},   {"tflops", r.tflops},
                         {"ratio_to_first", r.ratio_to_first}, {"floor_us", r.floor_us},
                         {"ratio_to_floor", r.ratio_to_floor}, {"floor_compute_us", r.floor.compute_us},

@@ -35,6 +35,8 @@
 //     `staged`; stage / offsets / pull / gemm1 / gemm2 / combine_wait / reduce for `mega`, each up to
 //     the latest CTA passing its end: src/moe/mega_phase_times.h), "-" for backends without phases
 //     (`reference`). JSON: phases_us, and for `mega` also phases_cta_mean_us (per-CTA means).
+//   * `mega` rows name the path their forwards took (--mega-path: fused kernel or split = the staged
+//     pipeline on mega's weights); with "both" each token count has a mega[fused] and a mega[split] row.
 //   * --check runs `reference` on the first `check_tokens` tokens and compares each backend's rows.
 #pragma once
 
@@ -77,6 +79,10 @@ struct LayerBenchOptions {
   int warmup = 1;
   int distinct_experts = 8;
   uint64_t seed = 1;
+  // The path(s) `mega` rows run (src/moe/mega_path_heuristics.h): "auto" (its heuristic, decided on
+  // the token count every rank runs, passed as MoeInputs::max_tokens_any_rank), "fused", "split", or
+  // "both" (two rows per token count: fused and split). Other backends ignore it.
+  std::string mega_path = "auto";
 };
 
 // The floor of one forward and its three terms (see the NOTES above), in µs.
@@ -87,7 +93,8 @@ struct LayerFloor {
 };
 
 struct LayerCaseResult {
-  std::string backend;
+  std::string backend;  // `mega` rows: "mega[<path>]" when forced, "mega[auto:<path>]" under the heuristic
+  std::string path;     // the path the timed forwards took (MoeBackend::last_forward_path); "" for one-path backends
   int tokens = 0;
   int64_t rows = 0;  // routed (token, expert) pairs
   double median_us = 0, min_us = 0, tflops = 0;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -53,6 +54,12 @@ struct MoeInputs {
   TensorView hidden;        // [T, H] bf16 (GPU and CPU) or f32 (CPU reference only)
   TensorView topk_ids;      // [T, top_k] int32, -1 = no expert (padding)
   TensorView topk_weights;  // [T, top_k] f32
+  // Optional: the largest T of any rank in this forward, the SAME value on every rank (-1 = unknown).
+  // Backends that choose between execution paths per forward (`mega`: fused kernel or staged pipeline,
+  // src/moe/mega_path_heuristics.h) decide on it, since every rank must take the same path; unknown
+  // on several ranks means the default path (mega: the fused kernel). Must be >= this rank's T and <=
+  // the capacity.
+  int64_t max_tokens_any_rank = -1;
 };
 struct MoeOutputs {
   TensorView out;  // [T, H], same dtype as hidden
@@ -108,6 +115,10 @@ class MoeBackend {
   // The previous forward's phases on this rank, in order (waits for its last event); empty when
   // timing is off, no forward ran since it was enabled, or the backend has no separable phases.
   virtual std::vector<PhaseTime> last_phase_times() const { return {}; }
+  // Backends with more than one execution path name the one the previous forward took (`mega`:
+  // "fused" = its one kernel, "split" = the staged pipeline on its weights); empty for backends with
+  // one path or before the first forward.
+  virtual std::string last_forward_path() const { return {}; }
 };
 
 // Device scratch and symmetric EP windows shared by MoE layers that run one after another on one

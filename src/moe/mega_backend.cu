@@ -1,5 +1,7 @@
-// `mega` backend: the typed, validating layer over the fused MegaMoE kernel (sm90_mega_moe.cuh).
-// Host work per forward: shape/capacity checks and ONE launch (no allocation, no synchronisation).
+// `mega` backend: the typed, validating layer over the fused MegaMoE kernel (sm90_mega_moe.cuh), with
+// the staged pipeline on the same weights as its "split" path for many rows per expert
+// (mega_path_heuristics.h). Host work per forward: shape/capacity checks, the path choice, and ONE
+// launch (fused) or the pipeline's launches (split); no allocation, no synchronisation.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -17,9 +19,11 @@
 #include "megamoe/ep.h"
 #include "megamoe/error_cuda.h"
 #include "moe/mega_backend.h"
+#include "moe/mega_path_heuristics.h"
 #include "moe/mega_phase_times.h"
 #include "moe/mega_w4a8.h"
-#include "moe/packed_weights.h"
+#include "moe/staged_backend.h"
+#include "moe/staged_pipeline.h"
 
 namespace megamoe {
 namespace {
@@ -127,7 +131,8 @@ std::shared_ptr<MegaScratch> make_mega_scratch(const MoeConfig& config, EpGroup&
 
 class MegaBackend final : public MoeBackend {
  public:
-  MegaBackend(const MoeConfig& config, EpGroup* ep, std::shared_ptr<MoeWorkspace> workspace) : config_(config) {
+  MegaBackend(const MoeConfig& config, EpGroup* ep, std::shared_ptr<MoeWorkspace> workspace, MegaPathMode path_mode)
+      : config_(config), path_mode_(path_mode) {
     const int ranks = ep ? ep->size() : 1;
     const std::string why = mega_reject_reason(config, ranks);
     MEGAMOE_CHECK(why.empty(), "backend mega cannot run this configuration: ", why);
@@ -155,23 +160,18 @@ class MegaBackend final : public MoeBackend {
     format_ = mega_format(config.weight_format);
     const bool w4a8 = kernels::mega_is_w4a8(format_);
     const int64_t P = kernels::mega_element_bytes(format_);
-    if (w4a8) {  // the standalone W4A8 GEMM's packed layout (staged runs the same)
-      const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(config.weight_format, 2 * I, H);
-      const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(config.weight_format, H, I);
-      w13_ = alloc(E * s13.data_bytes);
-      w2_ = alloc(E * s2.data_bytes);
-      w13_group_scales_ = static_cast<uint8_t*>(alloc(E * s13.group_scale_bytes));
-      w2_group_scales_ = static_cast<uint8_t*>(alloc(E * s2.group_scale_bytes));
-      w13_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s13.block_count * sizeof(kernels::W4a8BlockScale)));
-      w2_blocks_ = static_cast<kernels::W4a8BlockScale*>(alloc(E * s2.block_count * sizeof(kernels::W4a8BlockScale)));
-    } else {
-      w13_ = alloc(E * 2 * I * H * P);
-      w2_ = alloc(E * H * I * P);
-    }
-    if (format_ == MegaFormat::kFp8Block) {  // BF16 weights have no scales
-      w13_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (2 * I / 128) * (H / 128)));
-      w2_scales_ = static_cast<float*>(alloc(sizeof(float) * E * (H / 128) * (I / 128)));
-    }
+    // The grouped GEMMs' layouts (ExpertSlabs): W13 always kGateUp (the fused kernel's tiles; the split
+    // path tells grouped_gemm1_fp8 so), W2 kDown, W4A8 the standalone W4A8 GEMM's packing.
+    slabs_ = ExpertSlabs::allocate(config, local_experts_, kernels::GemmRole::kGateUp,
+                                   [this](size_t bytes) { return alloc(bytes); });
+
+    // The split path's scratch (the staged pipeline's dispatcher, window and buffers) only where a
+    // forward can take it; shared with staged layers and other mega layers of this geometry.
+    const std::string split_why = staged_reject_reason(config, R);
+    MEGAMOE_CHECK(path_mode_ != MegaPathMode::kSplit || split_why.empty(),
+                  "backend mega: path split (MEGAMOE_MEGA_PATH) cannot run this configuration: ", split_why);
+    if (split_why.empty() && mega_split_reachable(path_mode_, C, config.top_k, local_experts_))
+      split_scratch_ = acquire_staged_scratch(*workspace, config, *ep);  // collective on first use
 
     // Shared fields (window, counters, epoch, grouped rows, act) from the region; the rest is this layer's.
     MegaMoeParams& p = params_;
@@ -192,12 +192,12 @@ class MegaBackend final : public MoeBackend {
     }();
     if (p.diag_local_combine)
       std::fprintf(stderr, "megamoe: MEGAMOE_MEGA_DIAG_LOCAL_COMBINE=1: mega combine rows stay local, OUTPUT IS WRONG\n");
-    p.w13_scales = w13_scales_;
-    p.w2_scales = w2_scales_;
-    p.w13_group_scales = w13_group_scales_;
-    p.w2_group_scales = w2_group_scales_;
-    p.w13_blocks = reinterpret_cast<const kernels::sm90::W4a8BlockScaleDevice*>(w13_blocks_);
-    p.w2_blocks = reinterpret_cast<const kernels::sm90::W4a8BlockScaleDevice*>(w2_blocks_);
+    p.w13_scales = slabs_.w13_scales;
+    p.w2_scales = slabs_.w2_scales;
+    p.w13_group_scales = slabs_.w13_group_scales;
+    p.w2_group_scales = slabs_.w2_group_scales;
+    p.w13_blocks = reinterpret_cast<const kernels::sm90::W4a8BlockScaleDevice*>(slabs_.w13_blocks);
+    p.w2_blocks = reinterpret_cast<const kernels::sm90::W4a8BlockScaleDevice*>(slabs_.w2_blocks);
     MEGAMOE_CHECK(p.max_rows == max_rows, "mega workspace region has ", p.max_rows, " rows, expected ", max_rows);
     for (int v = 0; v < 2; ++v) {
       maps_[v].x = scratch_->maps[v].x;
@@ -206,13 +206,13 @@ class MegaBackend final : public MoeBackend {
     using kernels::detail::make_grouped_gemm_tensor_map;
     if (w4a8) {  // FP4 bytes: K / 2 per row, 64-byte boxes of 256 rows (the standalone W4A8 GEMM's b_map)
       using kernels::detail::make_byte_tensor_map;
-      w13_map_ = make_byte_tensor_map(w13_, H / 2, E * 2 * I, kernels::sm90::kW4a8Fp4RowBytes, kernels::sm90::kW4a8BlockN,
+      w13_map_ = make_byte_tensor_map(slabs_.w13, H / 2, E * 2 * I, kernels::sm90::kW4a8Fp4RowBytes, kernels::sm90::kW4a8BlockN,
                                       CU_TENSOR_MAP_SWIZZLE_64B);
-      w2_map_ = make_byte_tensor_map(w2_, I / 2, E * H, kernels::sm90::kW4a8Fp4RowBytes, kernels::sm90::kW4a8BlockN,
+      w2_map_ = make_byte_tensor_map(slabs_.w2, I / 2, E * H, kernels::sm90::kW4a8Fp4RowBytes, kernels::sm90::kW4a8BlockN,
                                      CU_TENSOR_MAP_SWIZZLE_64B);
     } else {
-      w13_map_ = make_grouped_gemm_tensor_map(w13_, H * P, E * 2 * I, 256);
-      w2_map_ = make_grouped_gemm_tensor_map(w2_, I * P, E * H, 256);
+      w13_map_ = make_grouped_gemm_tensor_map(slabs_.w13, H * P, E * 2 * I, 256);
+      w2_map_ = make_grouped_gemm_tensor_map(slabs_.w2, I * P, E * H, 256);
     }
     int device = 0;
     MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
@@ -237,19 +237,7 @@ class MegaBackend final : public MoeBackend {
     require_alive("load_expert");
     MEGAMOE_CHECK(local_expert >= 0 && local_expert < local_experts_, "local_expert = ", local_expert,
                   " must be in [0, ", local_experts_, ")");
-    const int64_t H = config_.hidden, I = config_.intermediate;
-    if (kernels::mega_is_w4a8(format_)) {
-      upload_packed_w4a8_expert("w13", w.w13, config_.weight_format, 2 * I, H, local_expert, kernels::GemmRole::kGateUp,
-                                w13_, w13_group_scales_, w13_blocks_);
-      upload_packed_w4a8_expert("w2", w.w2, config_.weight_format, H, I, local_expert, kernels::GemmRole::kDown, w2_,
-                                w2_group_scales_, w2_blocks_);
-      loaded_[local_expert] = true;
-      return;
-    }
-    upload_packed_expert("w13", w.w13, config_.weight_format, 2 * I, H, local_expert, kernels::GemmRole::kGateUp, w13_,
-                         w13_scales_);
-    upload_packed_expert("w2", w.w2, config_.weight_format, H, I, local_expert, kernels::GemmRole::kDown, w2_,
-                         w2_scales_);
+    slabs_.load(config_, local_expert, w);
     loaded_[local_expert] = true;
   }
   void load_shared_expert(const ExpertWeights&) override {
@@ -265,16 +253,18 @@ class MegaBackend final : public MoeBackend {
     in.topk_weights = TensorView::make2d(nullptr, DType::kF32, 0, config_.top_k, Device::kCuda);
     MoeOutputs out;
     out.out = TensorView::make2d(nullptr, DType::kBF16, 0, config_.hidden, Device::kCuda);
-    forward(in, out, stream);  // zero tokens: every phase and every flag once
+    // Zero tokens on every path a forward can take: every phase and every flag once. Same order on
+    // every rank (both paths are collective).
+    require_loaded();
+    forward_on(MegaPath::kFused, in, out, stream);
+    if (split_scratch_) forward_on(MegaPath::kSplit, in, out, stream);
     ep_->synchronize(stream);
+    last_path_ = -1;
   }
 
   void forward(const MoeInputs& in, MoeOutputs& out, StreamHandle stream) override {
     require_alive("forward");
-    ep_->check_errors();
-    for (int e = 0; e < local_experts_; ++e)
-      MEGAMOE_CHECK(loaded_[e], "backend mega: local expert ", e, " (global ", first_expert_ + e,
-                    ") was never loaded with load_expert()");
+    require_loaded();
     MEGAMOE_CHECK(in.hidden.rank == 2, "inputs.hidden: expected a 2-D tensor, got rank ", in.hidden.rank);
     const int64_t T = in.hidden.shape[0];
     // NOTES: checked before the launch, so an overflowing call writes nothing anywhere.
@@ -285,6 +275,39 @@ class MegaBackend final : public MoeBackend {
     check_tensor("inputs.topk_ids", in.topk_ids, DType::kI32, {T, config_.top_k}, Device::kCuda);
     check_tensor("inputs.topk_weights", in.topk_weights, DType::kF32, {T, config_.top_k}, Device::kCuda);
     check_tensor("outputs.out", out.out, DType::kBF16, {T, config_.hidden}, Device::kCuda);
+    // NOTES: the path must be the same on every rank (both are collective): it is decided on the agreed
+    // token count (mega_agreed_tokens: T on one rank, else max_tokens_any_rank, else 0 = fused),
+    // never on this rank's T alone. Checked here, before anything is launched.
+    const int64_t any_rank = in.max_tokens_any_rank;
+    MEGAMOE_CHECK(any_rank < 0 || (any_rank >= T && any_rank <= config_.max_tokens_per_rank),
+                  "inputs.max_tokens_any_rank = ", any_rank, " must be >= this rank's T = ", T,
+                  " and <= max_tokens_per_rank = ", config_.max_tokens_per_rank, " (or -1)");
+    const int64_t agreed = mega_agreed_tokens(ep_->size(), T, any_rank, config_.max_tokens_per_rank);
+    MegaPath path = choose_mega_path(path_mode_, agreed, config_.top_k, local_experts_);
+    if (!split_scratch_) path = MegaPath::kFused;  // staged cannot run it, or no forward reaches split
+    forward_on(path, in, out, stream);
+  }
+
+  std::string last_forward_path() const override {
+    return last_path_ < 0 ? std::string() : mega_path_name(static_cast<MegaPath>(last_path_));
+  }
+
+ private:
+  void require_loaded() {
+    ep_->check_errors();
+    for (int e = 0; e < local_experts_; ++e)
+      MEGAMOE_CHECK(loaded_[e], "backend mega: local expert ", e, " (global ", first_expert_ + e,
+                    ") was never loaded with load_expert()");
+  }
+  // One forward on `path` (inputs already checked).
+  void forward_on(MegaPath path, const MoeInputs& in, MoeOutputs& out, StreamHandle stream) {
+    last_path_ = static_cast<int>(path);
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (path == MegaPath::kSplit) {
+      run_staged_pipeline(config_, local_experts_, *split_scratch_, slabs_, in, out, s, split_phases_);
+      return;
+    }
+    const int64_t T = in.hidden.shape[0];
     MegaMoeParams p = params_;
     p.num_tokens = static_cast<int>(T);
     p.hidden_in = static_cast<const __nv_bfloat16*>(in.hidden.data);
@@ -295,7 +318,6 @@ class MegaBackend final : public MoeBackend {
     // Tile height from this rank's expected rows per local expert (uniform routing, every rank like
     // this one); the choice is local: ranks may differ.
     const int64_t rows_hint = T * config_.top_k / std::max(1, local_experts_);
-    const auto s = static_cast<cudaStream_t>(stream);
     const bool small = rows_hint <= 64;
     const ActivationMaps& maps = maps_[small ? 0 : 1];
     using kernels::launch_mega_moe;
@@ -315,6 +337,7 @@ class MegaBackend final : public MoeBackend {
     }
   }
 
+ public:
   // NOTES: the stamp buffer ([ctas, kMegaPhaseStamps] u64) and the event are made on the first
   // set_phase_timing(true) and kept until destroy(), so switching timing on and off allocates once;
   // call it outside CUDA-graph capture. With timing off the kernel gets a null buffer and stamps nothing.
@@ -326,8 +349,12 @@ class MegaBackend final : public MoeBackend {
     }
     phase_timing_ = enabled;
     phases_recorded_ = false;
+    if (split_scratch_) split_phases_.set_enabled(enabled);  // the split path: staged's four phases
   }
+  // The last forward's path's phases: the fused kernel's seven (mega_phase_times.h) or the split
+  // path's dispatch / gemm1 / gemm2 / combine.
   std::vector<PhaseTime> last_phase_times() const override {
+    if (last_path_ == static_cast<int>(MegaPath::kSplit)) return split_phases_.times();
     if (!phase_timing_ || !phases_recorded_) return {};
     MEGAMOE_CUDA_CHECK(cudaEventSynchronize(phase_done_));
     std::vector<uint64_t> stamps(static_cast<size_t>(kMegaPhaseStamps) * ctas_);
@@ -346,7 +373,9 @@ class MegaBackend final : public MoeBackend {
     phase_timing_ = phases_recorded_ = false;
     // The shared region stays with the workspace (other layers may use it); a private one goes now.
     // Its symmetric window belongs to the group (freed by EpGroup::destroy, a collective).
+    split_phases_.destroy();
     scratch_.reset();
+    split_scratch_.reset();
     workspace_.reset();
     if (own_group_) own_group_->destroy();
   }
@@ -380,10 +409,13 @@ class MegaBackend final : public MoeBackend {
   bool destroyed_ = false;
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;
-  void *w13_ = nullptr, *w2_ = nullptr;
-  float *w13_scales_ = nullptr, *w2_scales_ = nullptr;                         // FP8-block
-  uint8_t *w13_group_scales_ = nullptr, *w2_group_scales_ = nullptr;          // W4A8
-  kernels::W4a8BlockScale *w13_blocks_ = nullptr, *w2_blocks_ = nullptr;      // W4A8
+  ExpertSlabs slabs_;  // in allocations_; read by both paths
+  // The split path (mega_path_heuristics.h): its mode, the staged pipeline's scratch (null when no
+  // forward can take it) and phase events, and the path of the last forward (-1: none yet).
+  MegaPathMode path_mode_ = MegaPathMode::kAuto;
+  std::shared_ptr<StagedScratch> split_scratch_;
+  StagedPhaseEvents split_phases_;
+  int last_path_ = -1;
   // phase timing (set_phase_timing)
   uint64_t* phase_stamps_ = nullptr;  // in allocations_
   cudaEvent_t phase_done_ = nullptr;  // recorded after a timed forward's launch
@@ -394,7 +426,12 @@ class MegaBackend final : public MoeBackend {
 
 std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep,
                                               std::shared_ptr<MoeWorkspace> workspace) {
-  return std::make_unique<MegaBackend>(config, ep, std::move(workspace));
+  return std::make_unique<MegaBackend>(config, ep, std::move(workspace), mega_path_mode_from_env());
+}
+
+std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep,
+                                              std::shared_ptr<MoeWorkspace> workspace, MegaPathMode path_mode) {
+  return std::make_unique<MegaBackend>(config, ep, std::move(workspace), path_mode);
 }
 
 namespace {

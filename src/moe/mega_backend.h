@@ -6,6 +6,7 @@
 #include <string>
 
 #include "megamoe/moe.h"
+#include "mega_path_heuristics.h"  // same directory: also found from bench/ (root include path)
 
 namespace megamoe {
 
@@ -24,7 +25,13 @@ std::string mega_reject_reason(const MoeConfig& config, int ranks);
 // `ep` may be null: the backend then bootstraps a private single-rank group. Throws megamoe::Error
 // with mega_reject_reason() when the configuration is unsupported.
 // `workspace` (may be null: a private one) holds the window and scratch layers share (moe.h).
+// Each forward takes the fused kernel or the split path (the staged pipeline on the same weights) as
+// `path_mode` says (mega_path_heuristics.h); without it, MEGAMOE_MEGA_PATH (default auto). The split
+// path's scratch is allocated only when a forward can take it (docs/mega.md "Split path"); kSplit
+// throws when `staged` cannot run the configuration. Same mode on every rank.
 std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep,
                                               std::shared_ptr<MoeWorkspace> workspace = nullptr);
+std::unique_ptr<MoeBackend> make_mega_backend(const MoeConfig& config, EpGroup* ep,
+                                              std::shared_ptr<MoeWorkspace> workspace, MegaPathMode path_mode);
 
 }  // namespace megamoe

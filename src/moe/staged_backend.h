@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "megamoe/moe.h"
 
@@ -14,5 +15,8 @@ namespace megamoe {
 std::unique_ptr<MoeBackend> make_staged_backend(const MoeConfig& config, EpGroup* ep,
                                                 std::shared_ptr<MoeWorkspace> workspace = nullptr);
 Capabilities staged_capabilities();
+// Empty when `staged` (and so the staged pipeline, staged_pipeline.h) can run `config` on `ranks`
+// ranks, else the first reason (names the field and the limit).
+std::string staged_reject_reason(const MoeConfig& config, int ranks);
 
 }  // namespace megamoe

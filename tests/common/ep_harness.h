@@ -32,6 +32,7 @@
 #include "megamoe/error_cuda.h"
 #include "megamoe/moe.h"
 #include "megamoe/poison.h"
+#include "moe/mega_backend.h"
 #include "moe/staged_backend.h"
 
 namespace megamoe::testing {
@@ -679,7 +680,23 @@ inline double rel_l2_budget(WeightFormat f) { return f == WeightFormat::kBf16 ? 
 // staged rounds each rank's partial sum to bf16 before the source adds them (docs/ep.md); mega's
 // reduce sums all k slots of a token in one fp32 chain on the source rank on any rank count, which is
 // the one-rank model (on 2 ranks the per-rank rounding alone is ~3e-3 rel-L2, above the BF16 budget).
+// `mega`'s split path runs the staged pipeline, so it rounds like staged: the model follows the path the
+// backend's forward took (MoeBackend::last_forward_path).
 inline int reference_combine_ranks(const std::string& name, int ranks) { return name == "mega" ? 1 : ranks; }
+inline int reference_combine_ranks(const MoeBackend& backend, int ranks) {
+  return backend.name() == "mega" && backend.last_forward_path() != "split" ? 1 : ranks;
+}
+
+// make_backend, plus "mega[fused]" / "mega[split]" / "mega[auto]": `mega` with that path mode
+// (src/moe/mega_path_heuristics.h) whatever MEGAMOE_MEGA_PATH says.
+inline std::unique_ptr<MoeBackend> make_test_backend(const std::string& name, const MoeConfig& c, EpGroup* group,
+                                                     std::shared_ptr<MoeWorkspace> workspace = nullptr) {
+  const std::string prefix = "mega[";
+  if (name.rfind(prefix, 0) == 0 && name.back() == ']')
+    return make_mega_backend(c, group, std::move(workspace),
+                             parse_mega_path_mode(name.substr(prefix.size(), name.size() - prefix.size() - 1), name));
+  return make_backend(name, c, group, std::move(workspace));
+}
 
 // What run_backend_case checks beyond the reference comparison.
 struct BackendCaseOptions {
@@ -698,7 +715,7 @@ struct BackendCaseOptions {
 // Backend `name` on `group` holding its share of `experts` (indexed globally), loaded and warmed up.
 inline std::unique_ptr<MoeBackend> make_loaded_backend(const std::string& name, const MoeConfig& c, EpGroup& group,
                                                        const std::vector<HostExpert>& experts, cudaStream_t stream) {
-  auto backend = make_backend(name, c, &group);
+  auto backend = make_test_backend(name, c, &group);
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(stream);
@@ -707,11 +724,13 @@ inline std::unique_ptr<MoeBackend> make_loaded_backend(const std::string& name, 
 
 // One forward of a loaded backend on this rank's inputs `in` (on a multi-rank group every rank calls
 // it), the output poisoned first; returns the output (bf16 bits).
+// max_tokens_any_rank: MoeInputs::max_tokens_any_rank (-1 = not given).
 inline std::vector<uint16_t> forward_once(MoeBackend& backend, EpGroup& group, const MoeConfig& c, const RankInputs& in,
-                                          cudaStream_t stream) {
+                                          cudaStream_t stream, int64_t max_tokens_any_rank = -1) {
   DeviceInputs dev(in, c.hidden, c.top_k);
   poison_device_buffer(dev.out, static_cast<size_t>(in.tokens) * c.hidden * 2, 0xFF, stream);
   MoeInputs inputs{dev.hidden_view(), dev.ids_view(), dev.weights_view()};
+  inputs.max_tokens_any_rank = max_tokens_any_rank;
   MoeOutputs outputs{dev.out_view()};
   backend.forward(inputs, outputs, stream);
   group.synchronize(stream);
@@ -734,12 +753,16 @@ inline std::vector<uint16_t> run_backend_once(const std::string& name, EpGroup& 
 // T (changing_tokens of the call's shared draw), the routing (kSkewed every third call, else kPadded)
 // and its seeded inputs. Also used on ONE GPU (MegaSingle.SkewedCallsOfTheTwoRankSequence) to replay a
 // rank's inputs of the 2-rank sequence.
-inline RankInputs token_sequence_inputs(const MoeConfig& c, int call, int rank, int ranks) {
-  std::mt19937 rng(1000 + call);  // identical on every rank: each knows the others' T
+// Rank `rank`'s T of call `call` of the sequence (identical on every rank: each knows the others' T).
+inline int token_sequence_count(int call, int rank) {
+  std::mt19937 rng(1000 + call);
   const int tokens = (rng() % 4 == 0) ? 0 : static_cast<int>(rng() % 129);
+  return changing_tokens(tokens, call, rank);
+}
+inline RankInputs token_sequence_inputs(const MoeConfig& c, int call, int rank, int ranks) {
   const Routing routing = call % 3 == 0 ? Routing::kSkewed : Routing::kPadded;
-  return make_rank_inputs(500 + call, rank, changing_tokens(tokens, call, rank), c.hidden, c.num_experts, c.top_k, ranks,
-                          routing);
+  return make_rank_inputs(500 + call, rank, token_sequence_count(call, rank), c.hidden, c.num_experts, c.top_k,
+                          ranks, routing);
 }
 
 // rel-L2 over several outputs together (sum of squared errors / sum of squares).
@@ -779,10 +802,13 @@ inline constexpr double kSequenceCallRelL2Ceiling = 3.0;
 // call exceeds the budget or differs from staged, where the error sits (token_error_report).
 inline void check_sequence_call(const char* tag, int call, int rank, const MoeConfig& c,
                                 const std::vector<HostExpert>& experts, const RankInputs& in,
-                                const std::vector<uint16_t>& got, const std::vector<uint16_t>* solo, RelL2Sum* sum) {
+                                const std::vector<uint16_t>& got, const std::vector<uint16_t>* solo, RelL2Sum* sum,
+                                int combine_ranks = 1) {
   const int H = c.hidden;
   std::vector<double> tolerance;
-  const auto ref = reference_layer(c, experts, in, &tolerance);  // one fp32 combine chain: mega's model
+  // combine_ranks 1 = one fp32 combine chain (fused mega's model); R = multi-rank staged's per-rank
+  // rounding (mega's split path): reference_combine_ranks.
+  const auto ref = reference_layer(c, experts, in, &tolerance, combine_ranks);
   const Comparison cmp = compare_outputs(got, ref, H, tolerance);
   const double budget = rel_l2_budget(c.weight_format);
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure << "; " << token_error_report(got, ref, H);
@@ -819,7 +845,7 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   MEGAMOE_CHECK(static_cast<int>(lc.tokens_per_rank.size()) == R, "LayerCase.tokens_per_rank has ",
                 lc.tokens_per_rank.size(), " entries for ", R, " ranks");
   const auto experts = make_experts(c, lc.seed);
-  auto backend = make_backend(name, c, &group);
+  auto backend = make_test_backend(name, c, &group);
   for (int e = 0; e < backend->num_local_experts(); ++e)
     backend->load_expert(e, experts[backend->first_local_expert() + e].weights);
   backend->warmup(stream);
@@ -832,13 +858,16 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   backend->forward(inputs, outputs, stream);
   group.synchronize(stream);
   const auto got = dev.download_out();
+  if (name == "mega[fused]" || name == "mega[split]")
+    EXPECT_EQ("mega[" + backend->last_forward_path() + "]", name) << "the forced path was not taken";
   std::vector<double> tolerance;
-  const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(name, R));
+  const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(*backend, R));
   const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
   EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
-  std::printf("[%s] rank %d %s %s T=%d rel_l2=%.3g\n", name.c_str(), me,
-              std::string(weight_format_name(c.weight_format)).c_str(), routing_name(lc.routing), in.tokens, cmp.rel_l2);
+  std::printf("[%s] rank %d %s %s T=%d rel_l2=%.3g%s%s\n", name.c_str(), me,
+              std::string(weight_format_name(c.weight_format)).c_str(), routing_name(lc.routing), in.tokens, cmp.rel_l2,
+              backend->last_forward_path().empty() ? "" : " path ", backend->last_forward_path().c_str());
   for (int repeat = 0; repeat < options.repeats; ++repeat) {
     poison_device_buffer(dev.out, out_bytes, 0xFF, stream);
     backend->forward(inputs, outputs, stream);

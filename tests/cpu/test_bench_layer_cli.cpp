@@ -154,4 +154,25 @@ TEST(BenchLayerCli, ClearErrors) {
   EXPECT_NE(preset.output.find("dsv4-flash"), std::string::npos) << preset.output;
   const CommandResult shape = run_megamoe("bench layer --hidden 100");
   EXPECT_NE(shape.output.find("hidden = 100 must be a positive multiple of 128"), std::string::npos) << shape.output;
+  // --mega-path is checked before any backend is built, whichever backends run.
+  const CommandResult path = run_megamoe("bench layer --backend reference --mega-path sideways");
+  EXPECT_EQ(path.exit_code, 2) << path.output;
+  EXPECT_NE(path.output.find("--mega-path = 'sideways' must be one of auto, fused, split, both"), std::string::npos)
+      << path.output;
+}
+
+// --mega-path only expands `mega` rows; a one-path backend's rows keep their name and an empty path.
+TEST(BenchLayerCli, MegaPathLeavesOtherBackendsAlone) {
+  const std::string json_path =
+      (std::filesystem::temp_directory_path() / ("megamoe_bench_path_" + std::to_string(getpid()) + ".json")).string();
+  const CommandResult run =
+      run_megamoe("bench layer --backend reference --preset tiny --tokens 16 --iters 1 --mega-path both --json " + json_path);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream file(json_path);
+  ASSERT_TRUE(file.good()) << json_path;
+  const nlohmann::json j = nlohmann::json::parse(file);
+  std::filesystem::remove(json_path);
+  ASSERT_EQ(j["cases"].size(), 1u);
+  EXPECT_EQ(j["cases"][0]["backend"], "reference");
+  EXPECT_EQ(j["cases"][0]["path"], "");
 }

@@ -1,6 +1,7 @@
 // The `mega` backend (one fused kernel per forward) on ONE GPU (a single-rank group), FP8-block, BF16 and
 // W4A8 (nvfp4, mxfp4) weights: vs the host reference, vs `staged` bit for bit, graph replay, determinism, both tile heights,
-// changing token counts, bad input.
+// changing token counts, bad input. The key cases run on both paths (mega_path_heuristics.h): "mega[fused]"
+// (the one kernel) and "mega[split]" (the staged pipeline on mega's weights), and under the heuristic.
 #include <cstdio>
 #include <string>
 
@@ -22,8 +23,11 @@ MoeConfig small_config(int max_tokens, WeightFormat format = WeightFormat::kFp8B
 // code per row (W4A8: the same decode, wgmma and promotion pieces of sm90_w4a8_grouped_gemm.cuh) (each output element depends only on its row, its weight column and the fixed k-step
 // order), round the GEMM-1 output the same way, and on one rank both combines sum a token's k slots
 // in one fp32 fmaf chain in slot order.
+// The split path is staged's pipeline on the same packed weights (FP8 W13 in mega's kGateUp layout, which
+// grouped_gemm1_fp8 runs bit-identically to staged's v9 layout): 0 differing elements too.
 TEST_P(MegaSingle, MatchesReferenceAndStagedReplaysAndRepeats) {
   auto group = single_rank_group();
+  for (const char* backend : {"mega[fused]", "mega[split]"})
   for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kPadded}) {
     LayerCase lc;
     lc.config = small_config(96, GetParam());
@@ -35,13 +39,15 @@ TEST_P(MegaSingle, MatchesReferenceAndStagedReplaysAndRepeats) {
     options.repeats = 3;
     options.compare_with = routing != Routing::kSkewed ? "staged" : nullptr;
     options.max_differing = 0;
-    run_backend_case("mega", *group, lc, stream_, options);
+    run_backend_case(backend, *group, lc, stream_, options);
   }
 }
 
 TEST_P(MegaSingle, ClampedSwigluTopkInFc1AndLargeTiles) {
   auto group = single_rank_group();
-  // 64-row tiles (few rows per expert) and 128-row tiles (T * k / E > 64), with top-k in fc1.
+  // 64-row tiles (few rows per expert) and 128-row tiles (T * k / E > 64), with top-k in fc1; forced
+  // fused, then under the heuristic (10 rows per expert: fused, 100: split).
+  for (const char* backend : {"mega[fused]", "mega"})
   for (int tokens : {40, 400}) {
     LayerCase lc;
     lc.config = MoeConfig{512, 384, 8, 2, GetParam(), Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f},
@@ -52,7 +58,7 @@ TEST_P(MegaSingle, ClampedSwigluTopkInFc1AndLargeTiles) {
     options.repeats = 2;
     options.compare_with = "staged";
     options.max_differing = 0;
-    run_backend_case("mega", *group, lc, stream_, options);
+    run_backend_case(backend, *group, lc, stream_, options);
   }
 }
 
@@ -74,17 +80,23 @@ TEST_P(MegaSingle, ManyTilesPerCtaBothTileHeights) {
     options.repeats = 1;
     options.compare_with = "staged";
     options.max_differing = 0;
-    run_backend_case("mega", *group, lc, stream_, options);
+    run_backend_case("mega[fused]", *group, lc, stream_, options);  // the fused kernel's tiling is the subject
   }
 }
 
+// On each path, and under the heuristic, which on one rank decides on T: rows = T * 3 / 8, so 128 and
+// 100 tokens take the split path, the others the fused kernel (the paths alternate call to call).
 TEST_P(MegaSingle, ZeroTokensAndChangingTokenCounts) {
   auto group = single_rank_group();
   const MoeConfig c = small_config(128, GetParam());
   const auto experts = make_experts(c, 3);
-  auto backend = make_backend("mega", c, group.get());
+  for (const std::string name : {"mega[fused]", "mega[split]", "mega[auto]"}) {
+  SCOPED_TRACE(name);
+  auto backend = make_test_backend(name, c, group.get());
   for (int e = 0; e < backend->num_local_experts(); ++e) backend->load_expert(e, experts[e].weights);
   backend->warmup(stream_);
+  EXPECT_EQ(backend->last_forward_path(), "") << "warmup's dry runs are not forwards";
+  backend->set_phase_timing(true);
   // Every call a different T (0 included): stale counters from a previous call would break the next.
   const int counts[] = {5, 0, 128, 1, 64, 0, 100, 17};
   int call = 0;
@@ -97,6 +109,13 @@ TEST_P(MegaSingle, ZeroTokensAndChangingTokenCounts) {
     MoeOutputs outputs{dev.out_view()};
     backend->forward(inputs, outputs, stream_);
     group->synchronize(stream_);
+    const std::string expected_path =
+        name != "mega[auto]" ? name.substr(5, 5) : (tokens * c.top_k / c.num_experts > 32 ? "split" : "fused");
+    EXPECT_EQ(backend->last_forward_path(), expected_path);
+    // The phases are the taken path's: the fused kernel's seven or the pipeline's four.
+    const std::vector<MoeBackend::PhaseTime> phases = backend->last_phase_times();
+    ASSERT_EQ(phases.size(), expected_path == "split" ? 4u : 7u);
+    EXPECT_EQ(phases.front().phase, expected_path == "split" ? "dispatch" : "stage");
     std::vector<double> tolerance;
     const auto ref = reference_layer(c, experts, in, &tolerance);
     const Comparison cmp = compare_outputs(dev.download_out(), ref, c.hidden, tolerance);
@@ -104,6 +123,7 @@ TEST_P(MegaSingle, ZeroTokensAndChangingTokenCounts) {
     EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
   }
   backend->destroy();
+  }
 }
 
 // The skewed calls 0, 3 and 9 of MegaMulti.*ChangingTokenCountsEveryCall (2 ranks, 8 experts, top-4,
@@ -178,7 +198,7 @@ TEST_P(MegaSingle, PhaseTimingCoversTheForwardAndLeavesTheOutputAlone) {
   auto group = single_rank_group();
   const MoeConfig c{1024, 512, 16, 4, GetParam(), Activation{}, false, 0, kTokens};
   const auto experts = make_experts(c, kSeed);
-  auto backend = make_backend("mega", c, group.get());
+  auto backend = make_mega_backend(c, group.get(), nullptr, MegaPathMode::kFused);  // the kernel's stamps
   for (int e = 0; e < backend->num_local_experts(); ++e) backend->load_expert(e, experts[e].weights);
   backend->warmup(stream_);
   EXPECT_TRUE(backend->last_phase_times().empty()) << "timing is off by default";

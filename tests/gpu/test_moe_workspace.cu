@@ -25,7 +25,7 @@ Layers make_layers(const std::string& backend, const MoeConfig& c, EpGroup& grou
   Layers layers;
   if (shared) layers.workspace = make_moe_workspace();
   for (size_t l = 0; l < experts.size(); ++l) {
-    layers.backends.push_back(make_backend(backend, c, &group, layers.workspace));
+    layers.backends.push_back(make_test_backend(backend, c, &group, layers.workspace));
     for (int e = 0; e < layers.backends.back()->num_local_experts(); ++e)
       layers.backends.back()->load_expert(e, experts[l][e].weights);
     layers.backends.back()->warmup(stream);
@@ -148,10 +148,10 @@ TEST_P(MoeWorkspaceSingle, RegionsAreKeyedByGeometryAndGroup) {
   MoeConfig b = a;
   b.max_tokens_per_rank = 128;
   auto ws = make_moe_workspace();
-  auto l0 = make_backend(backend, a, group.get(), ws);
-  auto l1 = make_backend(backend, a, group.get(), ws);
-  auto l2 = make_backend(backend, b, group.get(), ws);
-  auto l3 = make_backend(backend, a, nullptr, ws);
+  auto l0 = make_test_backend(backend, a, group.get(), ws);
+  auto l1 = make_test_backend(backend, a, group.get(), ws);
+  auto l2 = make_test_backend(backend, b, group.get(), ws);
+  auto l3 = make_test_backend(backend, a, nullptr, ws);
   const auto regions = ws->regions();
   ASSERT_EQ(regions.size(), 3u);
   std::map<int, int> users;
@@ -163,8 +163,39 @@ TEST_P(MoeWorkspaceSingle, RegionsAreKeyedByGeometryAndGroup) {
   group->destroy();
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, MoeWorkspaceSingle, ::testing::Values("staged", "mega"),
-                         [](const ::testing::TestParamInfo<const char*>& info) { return std::string(info.param); });
+// `mega` with its path forced to the fused kernel: these tests count the fused kernel's region (the
+// split path's scratch is the staged region, MoeWorkspaceSplit below). Test names stay .../mega.
+INSTANTIATE_TEST_SUITE_P(Backends, MoeWorkspaceSingle, ::testing::Values("staged", "mega[fused]"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           const std::string name = info.param;
+                           return name.rfind("mega", 0) == 0 ? std::string("mega") : name;
+                         });
+
+// `mega` layers whose forwards can take the split path hold the staged pipeline's region, under
+// staged's key: a model's mega layers share one, and a staged layer of the same geometry shares it
+// too; a layer that can never split (capacity 8: 3 rows per expert) adds none.
+class MoeWorkspaceSplit : public OneGpuTest<> {};
+
+TEST_F(MoeWorkspaceSplit, MegaSplitPathSharesTheStagedRegion) {
+  auto group = single_rank_group();
+  const MoeConfig c{256, 256, 8, 3, WeightFormat::kFp8Block, Activation{}, false, 0, 512};  // up to 192 rows
+  MoeConfig tiny = c;
+  tiny.max_tokens_per_rank = 8;
+  auto ws = make_moe_workspace();
+  auto m0 = make_test_backend("mega[auto]", c, group.get(), ws);
+  auto m1 = make_test_backend("mega[auto]", c, group.get(), ws);
+  auto st = make_test_backend("staged", c, group.get(), ws);
+  auto small = make_test_backend("mega[auto]", tiny, group.get(), ws);
+  const auto regions = ws->regions();
+  ASSERT_EQ(regions.size(), 3u) << "mega C=512, staged C=512 (shared by m0, m1, st), mega C=8";
+  int staged_users = -1;
+  for (const auto& r : regions)
+    if (r.key.rfind("staged", 0) == 0) staged_users = r.users;
+  EXPECT_EQ(staged_users, 3);
+  for (auto* l : {m0.get(), m1.get(), st.get(), small.get()}) l->destroy();
+  ws->release();
+  group->destroy();
+}
 
 }  // namespace
 }  // namespace megamoe::testing

@@ -16,14 +16,14 @@ TEST(MoeWorkspaceMulti, SharedLayersEqualPrivateLayersOnAllRanks) {
   const int R = group->size(), me = group->rank();
   const MoeConfig c{256, 256, experts_for_ranks(8, R), 3, WeightFormat::kFp8Block, Activation{}, false, 0, 128};
   constexpr int kLayers = 3;
-  for (const std::string backend : {"staged", "mega"}) {
+  for (const std::string backend : {"staged", "mega[fused]"}) {
     std::vector<std::vector<HostExpert>> experts;
     for (int l = 0; l < kLayers; ++l) experts.push_back(make_experts(c, 300 + l));
     auto workspace = make_moe_workspace();
     std::vector<std::unique_ptr<MoeBackend>> shared, priv;
     for (int l = 0; l < kLayers; ++l) {  // same creation order on every rank (collective)
-      shared.push_back(make_backend(backend, c, group.get(), workspace));
-      priv.push_back(make_backend(backend, c, group.get()));
+      shared.push_back(make_test_backend(backend, c, group.get(), workspace));
+      priv.push_back(make_test_backend(backend, c, group.get()));
       for (auto* b : {shared.back().get(), priv.back().get()}) {
         for (int e = 0; e < b->num_local_experts(); ++e) b->load_expert(e, experts[l][b->first_local_expert() + e].weights);
         b->warmup(stream);

@@ -14,7 +14,7 @@ namespace {
 struct LayerArgs {
   std::string preset = "tiny";
   std::optional<int> hidden, intermediate, experts, top_k;
-  std::string format = "fp8_block", activation = "silu", routing = "uniform";
+  std::string format = "fp8_block", activation = "silu", routing = "uniform", mega_path = "auto";
   std::vector<int> tokens;
   std::vector<std::string> backends{"reference"};
   int ranks = 1, iters = 5, warmup = 1, distinct_experts = 8, check_tokens = 32;
@@ -47,6 +47,7 @@ int run_layer(const LayerArgs& a) {
   o.warmup = a.warmup;
   o.distinct_experts = a.distinct_experts;
   o.seed = a.seed;
+  o.mega_path = a.mega_path;
   auto write_json = [&](const nlohmann::json& j) {
     std::ofstream file(a.json_path);
     MEGAMOE_CHECK(file.good(), "--json ", a.json_path, ": cannot open for writing");
@@ -94,6 +95,9 @@ MEGAMOE_SUBCOMMAND("bench", "layer", "time one MoE layer forward on one or more 
                      app.add_option("--routing", args->routing, "uniform | zipf | one-rank (default uniform)");
                      app.add_option("--backend", args->backends, "backends to run side by side, a list: reference, staged, mega (default reference)")
                          ->delimiter(',');
+                     app.add_option("--mega-path", args->mega_path,
+                                    "auto | fused | split | both: the path(s) mega rows run (fused kernel, or split = the "
+                                    "staged pipeline on mega's weights; both = two rows per token count; default auto)");
                      app.add_option("--ranks", args->ranks, "expert-parallel ranks: one process per GPU via the launcher (default 1)");
                      app.add_flag("--check", args->check, "compare every backend against reference first");
                      app.add_flag("--floor-only", args->floor_only,

@@ -1,0 +1,99 @@
+// The staged pipeline as a reusable piece: EP dispatch (EpDispatcher) -> grouped GEMM 1 (+ activation,
+// top-k weight, requant) -> grouped GEMM 2 -> combine, on a layer's packed expert slabs. The `staged`
+// backend is this pipeline on its own slabs; the `mega` backend runs it on ITS slabs as its "split"
+// path (mega_path_heuristics.h). Host C++ over the CUDA launchers; included by .cu files only.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/grouped_gemm.h"
+#include "megamoe/ep_dispatch.h"
+#include "megamoe/moe.h"
+
+namespace megamoe {
+
+// One layer's packed experts on the device, in the grouped GEMM layouts (kernels/grouped_gemm.h):
+//   FP8-block : w13 [E, 2I, H] e4m3 packed with `gate_up_packing`, w13_scales [E, 2I/128, H/128];
+//               w2 [E, H, I] e4m3 (kDown), w2_scales [E, H/128, I/128]
+//   BF16      : w13 [E, 2I, H] bf16 (kGateUp), w2 [E, H, I] bf16 (kDown), no scales
+//   W4A8      : pack_w4a8_expert_weights (kGateUp / kDown): data, group scales and block records
+//               (packed_w4a8_size per expert)
+// NOTES: both backends allocate and load through this struct, so the fused kernel and the staged
+// kernels read one layout by construction; mega always packs W13 with kGateUp (its kernel's tiles),
+// staged may pick kGateUpInterleaved8 (v9) for FP8-block, and run_staged_pipeline hands
+// `gate_up_packing` to grouped_gemm1_fp8, which picks the kernel for that layout.
+struct ExpertSlabs {
+  WeightFormat format = WeightFormat::kBf16;
+  kernels::GemmRole gate_up_packing = kernels::GemmRole::kGateUp;
+  void *w13 = nullptr, *w2 = nullptr;
+  float *w13_scales = nullptr, *w2_scales = nullptr;                     // FP8-block
+  uint8_t *w13_group_scales = nullptr, *w2_group_scales = nullptr;      // W4A8
+  kernels::W4a8BlockScale *w13_blocks = nullptr, *w2_blocks = nullptr;  // W4A8
+
+  // Slabs for `local_experts` experts of `config`'s geometry; `alloc(bytes)` returns device memory the
+  // caller owns.
+  static ExpertSlabs allocate(const MoeConfig& config, int local_experts, kernels::GemmRole gate_up_packing,
+                              const std::function<void*(size_t)>& alloc);
+  // Checks, packs and uploads one expert (synchronous; packed_weights.h).
+  void load(const MoeConfig& config, int local_expert, const ExpertWeights& weights) const;
+};
+
+// What staged pipelines share (MoeWorkspace): the dispatcher (EP window + grouped rows + counters), the
+// GEMM-1 output, its scales and the GEMM-2 output. rows = ranks * C * min(top_k, local experts):
+//   act        rows * I * (1 for FP8 / W4A8, 2 for BF16) bytes
+//   act_scales rows * I/128 * 4 bytes (FP8 / W4A8)
+//   y          rows * H * 2 bytes
+// plus the dispatcher's device and symmetric bytes (docs/ep.md).
+struct StagedScratch final : MoeWorkspace::Shared {
+  std::unique_ptr<EpDispatcher> io;
+  void* act = nullptr;
+  float* act_scales = nullptr;
+  __nv_bfloat16* y = nullptr;
+  std::vector<void*> allocations;
+  ~StagedScratch() override;
+  void* alloc(size_t bytes);
+};
+
+// The region for `config` on `group` from `workspace`, made on first use (collective: the dispatcher
+// allocates its symmetric window). The key names the backend-independent geometry, so a staged layer
+// and a mega layer's split path of one geometry share one region (layers never overlap in time).
+std::shared_ptr<StagedScratch> acquire_staged_scratch(MoeWorkspace& workspace, const MoeConfig& config, EpGroup& group);
+
+// CUDA events at the four phase boundaries (dispatch, gemm1, gemm2, combine) of a pipeline run.
+// NOTES: five events bound the four phases. Recording an event is one stream operation (~1-2 us, no
+// host synchronisation), so the timed forward stays what it was. Create / destroy outside graph capture.
+class StagedPhaseEvents {
+ public:
+  StagedPhaseEvents() = default;
+  StagedPhaseEvents(const StagedPhaseEvents&) = delete;
+  StagedPhaseEvents& operator=(const StagedPhaseEvents&) = delete;
+  ~StagedPhaseEvents();
+  void set_enabled(bool enabled);
+  bool enabled() const { return events_[0] != nullptr; }
+  // Boundary `index` of kPhaseCount + 1; a no-op when disabled.
+  void mark(int index, cudaStream_t stream);
+  // The last run's phases (waits for its last event); empty when disabled or nothing ran since enabling.
+  std::vector<MoeBackend::PhaseTime> times() const;
+  void destroy();
+
+  static constexpr int kPhaseCount = 4;
+
+ private:
+  cudaEvent_t events_[kPhaseCount + 1] = {};
+  bool recorded_ = false;
+};
+
+// One forward of the pipeline on this rank (collective over scratch.io's group): dispatch, GEMM 1,
+// GEMM 2, combine, with `phases` marked at the boundaries. Checks outputs.out; the dispatcher checks
+// the inputs and the capacity before anything is launched. The grouped GEMMs' tile choice uses this
+// rank's rows per local expert (MEGAMOE_STAGED_ROWS_HINT overrides it, staged_pipeline.cu).
+void run_staged_pipeline(const MoeConfig& config, int local_experts, StagedScratch& scratch, const ExpertSlabs& weights,
+                         const MoeInputs& in, MoeOutputs& out, cudaStream_t stream, StagedPhaseEvents& phases);
+
+}  // namespace megamoe
