@@ -23,8 +23,9 @@ constexpr int kSharedMemoryLimit = 227 * 1024;
 // The most stages (<= 6) whose shared memory, with the tile table of kMaxExperts experts, fits.
 template <int kSubTilesM, Fp4Format kFormat, W4a8Epilogue kEpilogue>
 constexpr int max_stages() {
-  using One = sm90::W4a8GemmLayout<kSubTilesM, 1, kFormat, kEpilogue>;
-  constexpr int kPerStage = One::kABytes + One::kFp4Bytes + One::kScaleBytes + 16;  // + 2 mbarriers
+  using One = sm90::W4a8StandaloneLayout<kSubTilesM, 1, kFormat, kEpilogue>;
+  // + 2 mbarriers + the stage's scale slot (rounded up to 16 bytes per stage: an over-estimate)
+  constexpr int kPerStage = One::kABytes + One::kFp4Bytes + One::kScaleBytes + 16 + One::kScaleRingBytes;
   int stages = 1;
   while (stages < 6 && One::shared_bytes(sm90::kMaxExperts) + stages * kPerStage <= kSharedMemoryLimit) ++stages;
   return stages;
@@ -33,7 +34,7 @@ constexpr int max_stages() {
 template <int kSubTilesM, Fp4Format kFormat, W4a8Epilogue kEpilogue>
 void launch(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
   constexpr int kStages = max_stages<kSubTilesM, kFormat, kEpilogue>();
-  using Layout = sm90::W4a8GemmLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
+  using Layout = sm90::W4a8StandaloneLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= kSharedMemoryLimit, "W4A8 config overflows shared memory");
   const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map = detail::make_byte_tensor_map(

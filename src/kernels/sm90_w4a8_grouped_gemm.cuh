@@ -77,19 +77,29 @@ constexpr int kW4a8DecodeChunksInFlight = 4;
 // Named barriers of the decode (kDecodeBarrier + math warpgroup, 128 threads each) in the standalone
 // kernel; id 1 is the SwiGLU exchange. The fused kernel passes its own ids (sm90_mega_moe.cuh).
 constexpr uint32_t kW4a8DecodeBarrier = 2;
+// Named barriers kW4a8PairBarrier + w (w = warp in its warpgroup, 64 threads each) of the SwiGLU epilogue's
+// warp pairs, in both kernels (the fused kernel uses ids 1-6 itself: sm90_mega_moe.cuh).
+constexpr uint32_t kW4a8PairBarrier = 8;
 
 // kStagingRows (the fused kernel): rows of BF16 staging per math warpgroup for store_bf16_epilogue_bulk
 // (sm90_fp8_grouped_gemm.cuh), 0 = none (the standalone kernel stores BF16 directly). The staging rows
 // ALIAS the SwiGLU exchange buffer (the region is the larger of the two), as in GroupedGemmLayout: a
 // fused CTA runs all its GEMM-1 tiles (exchange) before its first GEMM-2 tile (staging).
-template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue, int kStagingRows = 0>
+// kSharedScales (v3, the standalone kernel): a scale warp stages each k-block's A scales and the two
+// math warpgroups' block records {factor, p} into a per-stage slot of the ring (produce_w4a8_scales), so
+// the math warps read them from shared memory instead of waiting on global loads (ncu, v2: ~5-7% of the
+// math warps' stall samples sat on those loads). The fused kernel keeps the global loads (false).
+template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue, int kStagingRows = 0,
+          bool kSharedScales = false>
 struct W4a8GemmLayout {
   // The names the fused kernel reads from either GEMM's layout (GroupedGemmLayout has the same ones).
   static constexpr int kSubTiles = kSubTilesM;
   static constexpr int kStageCount = kStages;
   static constexpr int kWarpgroupsMValue = 1;  // always split-N
   static constexpr int kBlockN = kW4a8BlockN;
+  // Read by the fused kernel as "FP8 shared scales" (it asserts FP8 for that); W4A8 has its own flag.
   static constexpr bool kScalesInShared = false;
+  static constexpr bool kW4a8SharedScales = kSharedScales;
   static constexpr Fp4Format kFp4Format = kFormat;
   static constexpr int kBlockM = 64 * kSubTilesM;
   static constexpr int kABytes = kBlockM * kBlockK;
@@ -108,7 +118,13 @@ struct W4a8GemmLayout {
   static constexpr int kStagingRowsValue = kStagingRows;
   static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
   static constexpr int kExchangeRegionBytes = kExchangeBytes > kStagingBytes ? kExchangeBytes : kStagingBytes;
-  static constexpr int kBarrierOffset = kExchangeOffset + kExchangeRegionBytes;
+  // Scale ring (kSharedScales): per stage kBlockM A scales (tile row i at [i], 0 past the expert's end),
+  // then the two math warpgroups' W4a8BlockScaleDevice records as 2 words each at [kBlockM + 2w].
+  // Bytes = kStages * (kBlockM + 4) * 4, rounded up to 16.
+  static constexpr int kScaleSlotWords = kBlockM + 2 * kMathWarpgroups;
+  static constexpr int kScaleRingOffset = kExchangeOffset + kExchangeRegionBytes;
+  static constexpr int kScaleRingBytes = kSharedScales ? (kStages * kScaleSlotWords * 4 + 15) / 16 * 16 : 0;
+  static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
   static constexpr int shared_bytes(int num_experts) {
     return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
@@ -116,6 +132,10 @@ struct W4a8GemmLayout {
   static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kScaleBytes % 16 == 0, "stage alignment");
   static_assert(kExchangeOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
 };
+
+// The standalone kernel's layout (v3: shared scales, no BF16 staging).
+template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+using W4a8StandaloneLayout = W4a8GemmLayout<kSubTilesM, kStages, kFormat, kEpilogue, 0, true>;
 
 // ---- shared memory and the device pieces (the standalone kernel below and sm90_mega_moe.cuh) -------
 template <class Layout>
@@ -126,6 +146,7 @@ struct W4a8GemmShared {
   uint8_t* scale_tiles;   // [kStages][kScaleBytes]
   float* exchange;        // SwiGLU gate values
   uint8_t* bf16_staging;  // kStagingRows > 0: aliases exchange
+  uint32_t* scale_ring;   // Layout::kW4a8SharedScales: [kStages][kScaleSlotWords]
   uint64_t* full;
   uint64_t* empty;
   uint8_t* table_base;  // kTableOffset: ExpertTileTable (and whatever a caller puts after it)
@@ -138,14 +159,16 @@ struct W4a8GemmShared {
     scale_tiles = shared + Layout::kScaleOffset;
     exchange = reinterpret_cast<float*>(shared + Layout::kExchangeOffset);
     bf16_staging = shared + Layout::kExchangeOffset;
+    scale_ring = reinterpret_cast<uint32_t*>(shared + Layout::kScaleRingOffset);
     full = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
     empty = full + Layout::kStageCount;
     table_base = shared + Layout::kTableOffset;
   }
-  // One thread, before the CTA's first __syncthreads().
+  // One thread, before the CTA's first __syncthreads(). `full` completes on the TMA producer's
+  // arrive-expect (+ its bytes) and, with shared scales, one cp.async arrival per scale-warp lane.
   __device__ __forceinline__ void init_barriers() const {
     for (int s = 0; s < Layout::kStageCount; ++s) {
-      barrier_init(&full[s], 1);
+      barrier_init(&full[s], Layout::kW4a8SharedScales ? 1 + 32 : 1);
       barrier_init(&empty[s], kMathWarpgroups * 4);  // lane 0 of every math warp
     }
     barrier_init_fence();
@@ -184,6 +207,40 @@ __device__ __forceinline__ void produce_w4a8_tile(const W4a8GemmShared<Layout>& 
   }
 }
 
+// Scale warp (Layout::kW4a8SharedScales; all 32 lanes of one warp), for the same (tile, k-block) sequence
+// as produce_w4a8_tile: waits for the stage to be free, copies the tile's kBlockM A scales of k-block kb
+// (rows >= m_end zero-filled) and the two math warpgroups' block records of kb into the stage's scale
+// slot with 4-byte cp.async, and arrives on `full` when they have landed (one .noinc arrival per lane).
+// a_scales: [rows, k_blocks]; blocks_wg0 / blocks_wg1: the k_blocks records of each warpgroup's 128 rows.
+// NOTES: as produce_fp8_scales (sm90_fp8_grouped_gemm.cuh): the math warps read the slot after `full`
+// and before their `empty` arrival, and a 4-byte cp.async holds no register, so one warp keeps up.
+template <class Layout>
+__device__ __forceinline__ void produce_w4a8_scales(const W4a8GemmShared<Layout>& smem, const float* a_scales,
+                                                    const W4a8BlockScaleDevice* blocks_wg0,
+                                                    const W4a8BlockScaleDevice* blocks_wg1, int m0, int m_end,
+                                                    int k_blocks, PipelineCursor<Layout::kStageCount>& cursor) {
+  static_assert(Layout::kW4a8SharedScales, "the layout has no scale ring");
+  const int lane = threadIdx.x % 32;
+  const int valid_rows = m_end - m0;
+  const int64_t row_step = static_cast<int64_t>(32) * k_blocks;
+  // Lanes 0-3 copy the records' words: lane = 2 w + j -> word j of warpgroup w's record.
+  const uint32_t* record_words =
+      reinterpret_cast<const uint32_t*>(lane < 2 ? blocks_wg0 : blocks_wg1) + (lane & 1);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    uint32_t* slot = smem.scale_ring + cursor.stage * Layout::kScaleSlotWords;
+    const float* source = a_scales + static_cast<int64_t>(m0 + lane) * k_blocks + kb;
+#pragma unroll 1
+    for (int i = lane; i < Layout::kBlockM; i += 32, source += row_step) {
+      const bool valid = i < valid_rows;
+      cp_async_4(slot + i, valid ? source : a_scales, valid ? 4u : 0u);
+    }
+    if (lane < 2 * kMathWarpgroups) cp_async_4(slot + Layout::kBlockM + lane, record_words + 2 * kb, 4u);
+    cp_async_arrive_noinc(&smem.full[cursor.stage]);
+    cursor.advance();
+  }
+}
+
 // Math warpgroup `math_wg` (columns 128 math_wg .. of the tile), one tile: decode + wgmma + promotion
 // over k_blocks (see the header comment for the per-k-block order). a_scales_base: [rows, k_blocks] A
 // scales (read coherently with kCoherentScales: the fused kernel writes them in the same launch);
@@ -199,9 +256,21 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
   constexpr int kStages = Layout::kStageCount;
   constexpr Fp4Format kFormat = Layout::kFp4Format;
   constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
+  constexpr bool kSharedScales = Layout::kW4a8SharedScales;
   const int lane = threadIdx.x % 32;
   const int thread_in_wg = threadIdx.x % 128;
+  const int row_in_tile = (thread_in_wg / 32) * 16 + lane / 4;  // MathRows' row of register pair 0
   uint8_t* my_decoded = smem.decoded + math_wg * 2 * Layout::kDecodedBytes;
+  // kSharedScales: word w of stage s's scale slot (see W4a8GemmLayout).
+  auto slot_word = [&](int stage, int word) { return smem.scale_ring[stage * Layout::kScaleSlotWords + word]; };
+  const int record_word = Layout::kBlockM + 2 * math_wg;  // {factor, decode exponent} of this warpgroup
+  // v3: a warp whose rows all lie past the expert's end skips the promotion of that sub-tile (its wgmma
+  // still runs: wgmma is warpgroup-wide). Warp-uniform. At 8-32 rows per expert (64-row tiles) three of
+  // the four warps hold no row.
+  bool warp_has_rows[kSubTilesM];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+    warp_has_rows[s] = __any_sync(0xffffffffu, where.valid[s][0] || where.valid[s][1]);
   // Decodes k-block `kb` (ring stage `s`) of this warpgroup's 128 weight rows into buffer kb & 1.
   auto decode = [&](int s, int kb, int decode_exponent) {
     decode_fp4_row<kFormat, kW4a8DecodeChunksInFlight>(
@@ -225,31 +294,45 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
   // Every warp of this warpgroup has retired the previous tile's wgmmas (which read decoded buffer 0
   // or 1) before any warp overwrites buffer 0.
   named_barrier_sync(kDecodeBarrier + math_wg, 128);
-  // Block records {factor, p} are loaded one k-block ahead (with the A scales), off the decode's path.
-  W4a8BlockScaleDevice next_block = load_block(blocks);
+  // Global scales (the fused kernel): block records {factor, p} are loaded one k-block ahead (with the
+  // A scales), off the decode's path. Shared scales: read from the stage's slot once `full` completed.
+  W4a8BlockScaleDevice next_block{0.0f, 0};
+  if constexpr (!kSharedScales) next_block = load_block(blocks);
   barrier_wait(&smem.full[cursor.stage], cursor.phase);
-  decode(cursor.stage, 0, next_block.decode_exponent);
+  decode(cursor.stage, 0,
+         kSharedScales ? static_cast<int>(slot_word(cursor.stage, record_word + 1)) : next_block.decode_exponent);
 
   float next_scale_a[kSubTilesM][2];
-#pragma unroll
-  for (int s = 0; s < kSubTilesM; ++s)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h]) : 0.0f;
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    float scale_a[kSubTilesM][2];
+  if constexpr (!kSharedScales) {
 #pragma unroll
     for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
-    const float factor = next_block.factor;
-    if (kb + 1 < k_blocks) {
+      for (int h = 0; h < 2; ++h)
+        next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h]) : 0.0f;
+  }
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    float scale_a[kSubTilesM][2];
+    float factor;
+    if constexpr (kSharedScales) {  // stage kb's `full` was waited for before its decode
 #pragma unroll
       for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h] + kb + 1) : 0.0f;
-      next_block = load_block(blocks + kb + 1);
+        for (int h = 0; h < 2; ++h) scale_a[s][h] = __uint_as_float(slot_word(cursor.stage, row_in_tile + 64 * s + 8 * h));
+      factor = __uint_as_float(slot_word(cursor.stage, record_word));
+    } else {
+#pragma unroll
+      for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
+      factor = next_block.factor;
+      if (kb + 1 < k_blocks) {
+#pragma unroll
+        for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h] + kb + 1) : 0.0f;
+        next_block = load_block(blocks + kb + 1);
+      }
     }
     named_barrier_sync(kDecodeBarrier + math_wg, 128);  // every row of decoded kb is written and fenced
     const uint32_t b_base = smem_address(my_decoded + (kb & 1) * Layout::kDecodedBytes);
@@ -267,7 +350,8 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
       if (s == 0 && kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
         const int next_stage = cursor.stage + 1 == kStages ? 0 : cursor.stage + 1;
         barrier_wait(&smem.full[next_stage], next_stage == 0 ? cursor.phase ^ 1 : cursor.phase);
-        decode(next_stage, kb + 1, next_block.decode_exponent);
+        decode(next_stage, kb + 1,
+               kSharedScales ? static_cast<int>(slot_word(next_stage, record_word + 1)) : next_block.decode_exponent);
       }
       wgmma_wait<0>();
 #pragma unroll
@@ -276,13 +360,15 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
         if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
         cursor.advance();
       }
-      const float scale0 = scale_a[s][0] * factor, scale1 = scale_a[s][1] * factor;
+      if (warp_has_rows[s]) {
+        const float scale0 = scale_a[s][0] * factor, scale1 = scale_a[s][1] * factor;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
-        accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
-        accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
-        accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+        for (int j = 0; j < 16; ++j) {
+          accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
+          accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
+          accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
+          accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
+        }
       }
     }
   }
@@ -314,11 +400,18 @@ __device__ __forceinline__ void w4a8_store_bf16_epilogue(const float (&accumulat
 // Gate warpgroup (0) -> up warpgroup (1) through shared memory, kExchangeRegisters registers per thread at
 // a time in register order (both see the same (row, column) per slot); the up warpgroup activates,
 // applies the top-k weight, quantizes (formats::quantize_fp8_activations rule) and stores ALL the tile's
-// rows (out: e4m3 [rows, out_cols], out_scales [rows, out_cols / 128]; column block n_tile). Named
-// barrier 1 (256 threads). The top-k weights are read coherently with kCoherentScales (fused kernel).
-// NOTES: the exchange buffer is free again after the last barrier of each chunk, and the up warpgroup's
-// stores follow it: a caller that publishes the rows (the fused kernel's gemm1_done) fences and releases
-// from the up warpgroup only.
+// rows (out: e4m3 [rows, out_cols], out_scales [rows, out_cols / 128]; column block n_tile). The top-k
+// weights are read coherently with kCoherentScales (fused kernel).
+// v3: thread t of the gate warpgroup only ever hands values to thread t of the up warpgroup, so warp w of
+// one and warp w of the other form a pair that synchronizes on its own named barrier
+// (kW4a8PairBarrier + w, 64 threads) instead of all 256 threads on one, and a pair whose 16 rows of a
+// sub-tile are all past the expert's end skips that sub-tile (both warps see the same rows).
+// NOTES: the exchange slots of pair w are r * 128 + 32 w .. + 31, disjoint between pairs; each pair's slots
+// are free again after its last barrier of each chunk, and the up warpgroup's stores follow it: a caller
+// that publishes the rows (the fused kernel's gemm1_done) fences and releases from the up warpgroup only.
+// A caller whose next use of the exchange region is not per pair (the fused kernel's GEMM-2 staging
+// aliases it) is ordered by the next tile's decode barrier, which every warp of the warpgroup reaches
+// only after its own pair finished.
 template <class Layout, bool kCoherentScales>
 __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulator)[Layout::kSubTiles][64],
                                                                float* exchange, int math_wg,
@@ -331,8 +424,10 @@ __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulat
   const int lane = threadIdx.x % 32;
   const int thread_in_wg = threadIdx.x % 128;
   const int col_base = n_tile * 128 + 2 * (lane % 4);
+  const uint32_t pair_barrier = kW4a8PairBarrier + thread_in_wg / 32;
 #pragma unroll
   for (int s = 0; s < kSubTilesM; ++s) {
+    if (!__any_sync(0xffffffffu, where.valid[s][0] || where.valid[s][1])) continue;  // warp-uniform, pair-uniform
     float amax[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int chunk = 0; chunk < 64 / kChunk; ++chunk) {
@@ -340,7 +435,7 @@ __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulat
 #pragma unroll
         for (int r = 0; r < kChunk; ++r) exchange[r * 128 + thread_in_wg] = accumulator[s][chunk * kChunk + r];
       }
-      named_barrier_sync(1, 256);
+      named_barrier_sync(pair_barrier, 64);
       if (math_wg == 1) {
 #pragma unroll
         for (int r = 0; r < kChunk; ++r) {
@@ -350,7 +445,7 @@ __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulat
           amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(value));
         }
       }
-      named_barrier_sync(1, 256);  // the exchange buffer is free again
+      named_barrier_sync(pair_barrier, 64);  // the pair's exchange slots are free again
     }
     if (math_wg == 1) {
 #pragma unroll
@@ -382,7 +477,7 @@ template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_w4a8_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                   const __grid_constant__ CUtensorMap b_map, const W4a8GemmParams params) {
-  using Layout = W4a8GemmLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
+  using Layout = W4a8StandaloneLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
 
@@ -405,8 +500,27 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int n_tiles = params.n / kW4a8BlockN;
   const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
 
+  // v3: the 128-row variants split 24 (producer thread, scale warp) / 240 (math), as the standalone FP8
+  // kernel (its NOTES: 24 + 2 x 240 = 504 is the launch's whole pool): at 40 / 232 (v2) they spilled
+  // 76-104 bytes. The 64-row variants keep 40 / 232 (no math spill there; at 24 the producer side spills).
+  constexpr uint32_t kProducerRegs = kSubTilesM == 2 ? 24 : 40;
+  constexpr uint32_t kMathRegs = kSubTilesM == 2 ? 240 : 232;
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
+  const int n_blocks = params.n / 128;
   if (warpgroup == 0) {
-    registers_decrease<kProducerRegisters>();
+    registers_decrease<kProducerRegs>();
+    if (threadIdx.x / 32 == 1) {  // the scale warp
+      PipelineCursor<kStages> cursor;
+      int expert = 0;
+      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+        const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+        const W4a8BlockScaleDevice* blocks =
+            params.blocks + (static_cast<int64_t>(expert) * n_blocks + where.n_tile * 2) * k_blocks;
+        produce_w4a8_scales(smem, params.a_scales, blocks, blocks + k_blocks, where.m0, where.m_end, k_blocks, cursor);
+      }
+      cp_async_wait_all();
+      return;
+    }
     if (threadIdx.x != 0) return;
     PipelineCursor<kStages> cursor;
     int expert = 0;
@@ -420,11 +534,10 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     return;
   }
 
-  registers_increase<kMathRegisters>();
+  registers_increase<kMathRegs>();
   const int math_wg = warpgroup - 1;  // = which 128-column half of the tile
   const int thread_in_wg = threadIdx.x % 128;
   const int row_in_tile = (thread_in_wg / 32) * 16 + lane / 4;
-  const int n_blocks = params.n / 128;
 
   PipelineCursor<kStages> cursor;
   int expert = 0;
