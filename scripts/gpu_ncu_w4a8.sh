@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call (1 H200, prebuilt binaries): Nsight Compute stall reasons of the W4A8 grouped GEMM
+# (issue 3: W4A8 streams ~1.9 TB/s at 8-32 rows and runs ~530 TFLOP/s at 1024+, where FP8 runs 3.7 TB/s
+# and ~1000 TFLOP/s), with the FP8-block kernel at the same points as the comparison.
+#   source scripts/use_prebuilt.sh main && PREBUILT=$PREBUILT OUT=$OUT bash scripts/gpu_ncu_w4a8.sh
+# Per point: the details page (speed of light, warp states, scheduler, memory) and the SASS lines with
+# the most stall samples. One tgz in $OUT.
+set -uo pipefail
+out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
+B=${PREBUILT:?source scripts/use_prebuilt.sh NAME first}; cli=$B/megamoe
+ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "ncu: $ncu_bin"
+profile() {  # profile NAME KERNEL-REGEX bench-args...
+  local name=$1 kernel=$2; shift 2
+  timeout 150 "$ncu_bin" --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 2 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --section LaunchStats --section Occupancy --section SourceCounters --import-source no \
+    -o "$logs/$name" "$cli" bench gemm --no-cublas --repeats 2 --experts 32 "$@" >"$logs/$name.run.log" 2>&1
+  echo "$name rc=$?"
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page details --print-units base >"$logs/$name.details.txt" 2>&1
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page raw --print-units base >"$logs/$name.raw.txt" 2>&1
+  # SASS with per-instruction stall samples (the source page), first profiled kernel only.
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page source --print-source sass --csv --launch-count 1 \
+    >"$logs/$name.sass.csv" 2>&1
+  gzip -f "$logs/$name.sass.csv"
+}
+export CUDA_VISIBLE_DEVICES=0
+profile w4a8_nvfp4_dsv3_r8 w4a8 --format nvfp4 --models dsv3 --rows 8
+profile w4a8_nvfp4_dsv3_r1024 w4a8 --format nvfp4 --models dsv3 --rows 1024
+profile fp8_dsv3_r8 fp8_grouped --format fp8 --models dsv3 --rows 8
+profile fp8_dsv3_r1024 fp8_grouped --format fp8 --models dsv3 --rows 1024
+rm -f "$logs"/*.ncu-rep
+tar -czf "$out/ncu_w4a8.tgz" -C "$logs" .
+for f in "$logs"/*.details.txt; do
+  echo "== $(basename "$f")"
+  grep -E "sm90_|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Registers Per" "$f" | head -16
+  # the largest stall reasons (cycles per issued instruction), first kernel
+  grep -E "smsp__average_warps?_issue_stalled_[a-z_]+_per_issue_active.ratio" "${f%.details.txt}.raw.txt" | \
+    awk '{print $NF, $1}' | sort -rn | head -8
+done
