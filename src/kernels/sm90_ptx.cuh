@@ -20,8 +20,22 @@ __device__ __forceinline__ void barrier_init_fence() {
   cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
 }
 // Blocks until the phase with parity `parity` of `barrier` has completed.
+// NOTES: try_wait with a suspend-time hint (CUTLASS's ClusterBarrier::wait uses the same 10 ms): the
+// thread is suspended until the phase completes or the hint expires, instead of returning after the
+// short system-dependent limit. Without it (v2) a waiting producer thread re-polled every ~10 cycles
+// (ncu, session 9: 6.5 M SYNCS + BRA pairs in one 8-rows W4A8 launch, 25 M SYNCS in the FP8 kernel at
+// 1024 rows), taking issue slots from the math warps of its scheduler. MEGAMOE_BARRIER_SUSPEND_HINT_NS=0
+// at compile time restores the plain loop.
+#ifndef MEGAMOE_BARRIER_SUSPEND_HINT_NS
+#define MEGAMOE_BARRIER_SUSPEND_HINT_NS 0x989680u
+#endif
 __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+  if constexpr (MEGAMOE_BARRIER_SUSPEND_HINT_NS > 0) {
+    while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity, MEGAMOE_BARRIER_SUSPEND_HINT_NS)) {
+    }
+  } else {
+    while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
+    }
   }
 }
 __device__ __forceinline__ void barrier_arrive(uint64_t* barrier) { cuda::ptx::mbarrier_arrive(barrier); }
