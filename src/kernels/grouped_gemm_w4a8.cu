@@ -1,10 +1,13 @@
 // Launcher and typed validating API of the W4A8 grouped GEMMs (grouped_gemm.h, "W4A8"; kernel in
 // sm90_w4a8_grouped_gemm.cuh): checks, TMA descriptors, tile and stage choice, launch.
 #include <cstddef>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/grouped_gemm.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_w4a8_grouped_gemm.cuh"
+#include "kernels/sm90_w4a8_small_m_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
 
 namespace megamoe::kernels {
@@ -47,11 +50,50 @@ void launch(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& 
   MEGAMOE_LAUNCH_CHECK();
 }
 
+// The small-M kernel (64-row tiles, four math warpgroups): stages as max_stages.
+template <Fp4Format kFormat, W4a8Epilogue kEpilogue>
+constexpr int max_small_m_stages() {
+  using One = sm90::W4a8SmallMLayout<1, kFormat, kEpilogue>;
+  constexpr int kPerStage = One::kABytes + One::kFp4Bytes + One::kScaleBytes + 16 + One::kScaleRingBytes;
+  int stages = 1;
+  while (stages < 6 && One::shared_bytes(sm90::kMaxExperts) + stages * kPerStage <= kSharedMemoryLimit) ++stages;
+  return stages;
+}
+
+template <Fp4Format kFormat, W4a8Epilogue kEpilogue>
+void launch_small_m(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
+  constexpr int kStages = max_small_m_stages<kFormat, kEpilogue>();
+  using Layout = sm90::W4a8SmallMLayout<kStages, kFormat, kEpilogue>;
+  static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= kSharedMemoryLimit, "W4A8 small-M config overflows shared memory");
+  const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
+  const CUtensorMap b_map = detail::make_byte_tensor_map(
+      weight_data, params.k / 2, static_cast<uint64_t>(params.num_experts) * params.n, sm90::kW4a8Fp4RowBytes,
+      sm90::kW4a8BlockN, CU_TENSOR_MAP_SWIZZLE_64B);
+  const int shared_bytes = Layout::shared_bytes(params.num_experts);
+  auto* kernel = &sm90::sm90_w4a8_small_m_grouped_gemm_kernel<kStages, kFormat, kEpilogue>;
+  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<detail::grouped_gemm_sm_count(), sm90::kW4a8SmallThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+  MEGAMOE_LAUNCH_CHECK();
+}
+
+// 64-row tiles run the small-M kernel (four math warpgroups, v4) unless MEGAMOE_W4A8_SMALL_M=0 (the
+// 2-warpgroup kernel, for A/B runs; read per call, as MEGAMOE_FP8_GEMM_SCHEDULE).
+bool use_small_m_kernel() {
+  const char* value = std::getenv("MEGAMOE_W4A8_SMALL_M");
+  const std::string text = value ? value : "";
+  if (text.empty() || text == "1") return true;
+  MEGAMOE_CHECK(text == "0", "MEGAMOE_W4A8_SMALL_M = '", text, "' must be 0 or 1");
+  return false;
+}
+
 template <W4a8Epilogue kEpilogue>
 void dispatch(WeightFormat format, int sub_tiles, const uint8_t* a, const uint8_t* data, const W4a8GemmParams& params,
               cudaStream_t stream) {
   const bool nvfp4 = format == WeightFormat::kNvfp4;
-  if (sub_tiles == 1) {
+  if (sub_tiles == 1 && use_small_m_kernel()) {
+    if (nvfp4) launch_small_m<Fp4Format::kNvfp4, kEpilogue>(a, data, params, stream);
+    else launch_small_m<Fp4Format::kMxfp4, kEpilogue>(a, data, params, stream);
+  } else if (sub_tiles == 1) {
     if (nvfp4) launch<1, Fp4Format::kNvfp4, kEpilogue>(a, data, params, stream);
     else launch<1, Fp4Format::kMxfp4, kEpilogue>(a, data, params, stream);
   } else {

@@ -71,51 +71,78 @@ __device__ __forceinline__ bool mxfp4_lut_by_exponent(uint32_t bits, int decode_
   return true;
 }
 
-// Decodes row `row` (0..127) of a 128-row x 128-K slice:
-//   fp4_tile    [128][64] bytes, TMA 64-byte swizzle (16-byte chunk c of row r at chunk c ^ ((r >> 1) & 3))
-//   scale_tile  [128][kScaleBytesPerRow] group scale bytes
-//   fp8_tile    [128][128] E4M3, the 128-byte swizzle of a TMA-written wgmma operand (chunk j of row r at
+// One 16-byte FP4 chunk c (0..3, 32 K-consecutive values) of row `row` -> two 16-byte E4M3 chunks
+// 2c, 2c + 1 of the row's output (layouts: decode_fp4_row). scale_bits: NVFP4, the two group-scale bytes
+// of the chunk (low byte = first 16 values); MXFP4, the chunk's E8M0 byte.
+template <Fp4Format kFormat>
+__device__ __forceinline__ void decode_fp4_chunk(const uint8_t* in_row, uint8_t* out_row, int row, int c,
+                                                 uint32_t scale_bits, int decode_exponent) {
+  const uint4 in = *reinterpret_cast<const uint4*>(in_row + ((c ^ ((row >> 1) & 3)) << 4));
+  if constexpr (kFormat == Fp4Format::kNvfp4) {
+    const __half2 pow2 = __half2half2(__ushort_as_half(static_cast<unsigned short>((decode_exponent + 15) << 10)));
+    const __half2 scales = __hmul2(
+        static_cast<__half2>(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(scale_bits), __NV_E4M3)),
+        pow2);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const Fp8Lut lut = make_fp8_lut(h == 0 ? __low2half2(scales) : __high2half2(scales));
+      const uint2 first = decode_fp4_word(h == 0 ? in.x : in.z, lut);
+      const uint2 second = decode_fp4_word(h == 0 ? in.y : in.w, lut);
+      *reinterpret_cast<uint4*>(out_row + (((2 * c + h) ^ (row & 7)) << 4)) =
+          make_uint4(first.x, first.y, second.x, second.y);
+    }
+  } else {
+    Fp8Lut lut;
+    if (!mxfp4_lut_by_exponent(scale_bits, decode_exponent, lut))
+      lut = make_fp8_lut(__half2half2(mxfp4_scale(scale_bits, decode_exponent)));
+    const uint2 w0 = decode_fp4_word(in.x, lut), w1 = decode_fp4_word(in.y, lut);
+    const uint2 w2 = decode_fp4_word(in.z, lut), w3 = decode_fp4_word(in.w, lut);
+    *reinterpret_cast<uint4*>(out_row + (((2 * c) ^ (row & 7)) << 4)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
+    *reinterpret_cast<uint4*>(out_row + (((2 * c + 1) ^ (row & 7)) << 4)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
+  }
+}
+
+// Decodes chunks first_chunk .. first_chunk + kChunks - 1 (16-byte FP4 chunks of 32 values) of row `row`
+// of a row-block x 128-K slice (row < 128; row blocks are 8-row aligned, so the swizzles below hold
+// relative to any such block base):
+//   fp4_tile    [rows][64] bytes, TMA 64-byte swizzle (16-byte chunk c of row r at chunk c ^ ((r >> 1) & 3))
+//   scale_tile  [rows][kScaleBytesPerRow] group scale bytes
+//   fp8_tile    [rows][128] E4M3, the 128-byte swizzle of a TMA-written wgmma operand (chunk j of row r at
 //               chunk j ^ (r & 7)); tile bases 1024-byte aligned.
-// kChunksInFlight: 16-byte input chunks unrolled together (ILP vs registers; the caller may hold ~200
-// accumulator registers while decoding).
-template <Fp4Format kFormat, int kChunksInFlight = 4>
-__device__ __forceinline__ void decode_fp4_row(const uint8_t* fp4_tile, const uint8_t* scale_tile, uint8_t* fp8_tile,
-                                               int row, int decode_exponent) {
+// kChunks = 4 decodes the whole row (the 2-warpgroup kernels: one row per thread), 2 half a row (the
+// small-M kernel: two threads per row). kChunksInFlight: chunks unrolled together (ILP vs registers; the
+// caller may hold ~200 accumulator registers while decoding).
+template <Fp4Format kFormat, int kChunks, int kChunksInFlight = kChunks>
+__device__ __forceinline__ void decode_fp4_row_chunks(const uint8_t* fp4_tile, const uint8_t* scale_tile,
+                                                      uint8_t* fp8_tile, int row, int first_chunk,
+                                                      int decode_exponent) {
+  static_assert(kChunks == 2 || kChunks == 4, "a whole row or half of one");
   const uint8_t* in_row = fp4_tile + row * 64;
   uint8_t* out_row = fp8_tile + row * 128;
   if constexpr (kFormat == Fp4Format::kNvfp4) {
-    const uint2 scale_bytes = *reinterpret_cast<const uint2*>(scale_tile + row * 8);
-    const __half2 pow2 = __half2half2(__ushort_as_half(static_cast<unsigned short>((decode_exponent + 15) << 10)));
-#pragma unroll kChunksInFlight
-    for (int c = 0; c < 4; ++c) {
-      const uint4 in = *reinterpret_cast<const uint4*>(in_row + ((c ^ ((row >> 1) & 3)) << 4));
-      const uint32_t pair = ((c < 2 ? scale_bytes.x : scale_bytes.y) >> (16 * (c & 1))) & 0xFFFFu;
-      const __half2 scales = __hmul2(
-          static_cast<__half2>(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3)), pow2);
+    // 16 bits of group scales per chunk: bytes 2c, 2c + 1 of the row's 8.
+    uint32_t words[kChunks / 2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const Fp8Lut lut = make_fp8_lut(h == 0 ? __low2half2(scales) : __high2half2(scales));
-        const uint2 first = decode_fp4_word(h == 0 ? in.x : in.z, lut);
-        const uint2 second = decode_fp4_word(h == 0 ? in.y : in.w, lut);
-        *reinterpret_cast<uint4*>(out_row + (((2 * c + h) ^ (row & 7)) << 4)) =
-            make_uint4(first.x, first.y, second.x, second.y);
-      }
-    }
+    for (int i = 0; i < kChunks / 2; ++i)
+      words[i] = *reinterpret_cast<const uint32_t*>(scale_tile + row * 8 + 2 * first_chunk + 4 * i);
+#pragma unroll kChunksInFlight
+    for (int i = 0; i < kChunks; ++i)
+      decode_fp4_chunk<kFormat>(in_row, out_row, row, first_chunk + i, (words[i / 2] >> (16 * (i & 1))) & 0xFFFFu,
+                                decode_exponent);
   } else {
     const uint32_t scale_bytes = *reinterpret_cast<const uint32_t*>(scale_tile + row * 4);
 #pragma unroll kChunksInFlight
-    for (int c = 0; c < 4; ++c) {
-      const uint4 in = *reinterpret_cast<const uint4*>(in_row + ((c ^ ((row >> 1) & 3)) << 4));
-      const uint32_t bits = (scale_bytes >> (8 * c)) & 0xFFu;
-      Fp8Lut lut;
-      if (!mxfp4_lut_by_exponent(bits, decode_exponent, lut))
-        lut = make_fp8_lut(__half2half2(mxfp4_scale(bits, decode_exponent)));
-      const uint2 w0 = decode_fp4_word(in.x, lut), w1 = decode_fp4_word(in.y, lut);
-      const uint2 w2 = decode_fp4_word(in.z, lut), w3 = decode_fp4_word(in.w, lut);
-      *reinterpret_cast<uint4*>(out_row + (((2 * c) ^ (row & 7)) << 4)) = make_uint4(w0.x, w0.y, w1.x, w1.y);
-      *reinterpret_cast<uint4*>(out_row + (((2 * c + 1) ^ (row & 7)) << 4)) = make_uint4(w2.x, w2.y, w3.x, w3.y);
-    }
+    for (int i = 0; i < kChunks; ++i)
+      decode_fp4_chunk<kFormat>(in_row, out_row, row, first_chunk + i, (scale_bytes >> (8 * (first_chunk + i))) & 0xFFu,
+                                decode_exponent);
   }
+}
+
+// Decodes row `row` (0..127) of a 128-row x 128-K slice (layouts: decode_fp4_row_chunks).
+template <Fp4Format kFormat, int kChunksInFlight = 4>
+__device__ __forceinline__ void decode_fp4_row(const uint8_t* fp4_tile, const uint8_t* scale_tile, uint8_t* fp8_tile,
+                                               int row, int decode_exponent) {
+  decode_fp4_row_chunks<kFormat, 4, kChunksInFlight>(fp4_tile, scale_tile, fp8_tile, row, 0, decode_exponent);
 }
 
 }  // namespace megamoe::kernels::sm90

@@ -121,7 +121,9 @@ struct W4a8GemmLayout {
   // Scale ring (kSharedScales): per stage kBlockM A scales (tile row i at [i], 0 past the expert's end),
   // then the two math warpgroups' W4a8BlockScaleDevice records as 2 words each at [kBlockM + 2w].
   // Bytes = kStages * (kBlockM + 4) * 4, rounded up to 16.
-  static constexpr int kScaleSlotWords = kBlockM + 2 * kMathWarpgroups;
+  static constexpr int kScaleRecords = kW4a8BlockN / 128;  // one {factor, p} per 128-row block of the tile
+  static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
+  static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
   static constexpr int kScaleRingOffset = kExchangeOffset + kExchangeRegionBytes;
   static constexpr int kScaleRingBytes = kSharedScales ? (kStages * kScaleSlotWords * 4 + 15) / 16 * 16 : 0;
   static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
@@ -169,7 +171,7 @@ struct W4a8GemmShared {
   __device__ __forceinline__ void init_barriers() const {
     for (int s = 0; s < Layout::kStageCount; ++s) {
       barrier_init(&full[s], Layout::kW4a8SharedScales ? 1 + 32 : 1);
-      barrier_init(&empty[s], kMathWarpgroups * 4);  // lane 0 of every math warp
+      barrier_init(&empty[s], Layout::kEmptyArrivals);
     }
     barrier_init_fence();
   }
@@ -235,7 +237,7 @@ __device__ __forceinline__ void produce_w4a8_scales(const W4a8GemmShared<Layout>
       const bool valid = i < valid_rows;
       cp_async_4(slot + i, valid ? source : a_scales, valid ? 4u : 0u);
     }
-    if (lane < 2 * kMathWarpgroups) cp_async_4(slot + Layout::kBlockM + lane, record_words + 2 * kb, 4u);
+    if (lane < 2 * Layout::kScaleRecords) cp_async_4(slot + Layout::kBlockM + lane, record_words + 2 * kb, 4u);
     cp_async_arrive_noinc(&smem.full[cursor.stage]);
     cursor.advance();
   }
@@ -378,8 +380,9 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
 // register 4j+{2,3} = (row + 8, same columns).
 // Direct BF16 store of this warpgroup's 128 columns (the standalone kStoreBf16 epilogue; the fused
 // kernel stages its GEMM-2 rows with store_bf16_epilogue_bulk instead). out: [rows, out_cols].
-template <int kSubTilesM>
-__device__ __forceinline__ void w4a8_store_bf16_epilogue(const float (&accumulator)[kSubTilesM][64],
+// kRegs: 64 (wgmma n128, 128 columns) or 32 (n64, the small-M kernel's 64 columns).
+template <int kSubTilesM, int kRegs = 64>
+__device__ __forceinline__ void w4a8_store_bf16_epilogue(const float (&accumulator)[kSubTilesM][kRegs],
                                                          const MathRows<kSubTilesM>& where, __nv_bfloat16* out,
                                                          int out_cols, int first_col) {
   const int lane = threadIdx.x % 32;
@@ -391,7 +394,7 @@ __device__ __forceinline__ void w4a8_store_bf16_epilogue(const float (&accumulat
       if (!where.valid[s][h]) continue;
       __nv_bfloat16* out_row = out + static_cast<int64_t>(where.rows[s][h]) * out_cols + col_base;
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < kRegs / 4; ++j)
         *reinterpret_cast<__nv_bfloat162*>(out_row + 8 * j) =
             __floats2bfloat162_rn(accumulator[s][4 * j + 2 * h], accumulator[s][4 * j + 2 * h + 1]);
     }

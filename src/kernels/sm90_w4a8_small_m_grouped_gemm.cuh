@@ -1,0 +1,318 @@
+// W4A8 grouped GEMM for small groups (64-row tiles, 8-64 rows per expert), sm_90a: the numbers and the
+// decode of sm90_w4a8_grouped_gemm.cuh, with FOUR math warpgroups of 64 columns each (wgmma m64n64)
+// instead of two of 128.
+//
+// Why (docs/grouped_gemm.md "W4A8 v4"): at 8-32 rows per expert the MMAs are tiny and the kernel's time
+// is the FP4 -> FP8 decode of every weight element, which two math warps per scheduler, each decoding a
+// whole 128-K row with long dependency chains, issue at ~0.45 instructions per cycle (ncu). Four
+// warpgroups halve the accumulator registers (32 + 32 partials), so 4 x 128 math threads fit beside
+// the producer warpgroup (640 threads), each decoding HALF a row: twice the warps to hide the decode's
+// latency, half the work per thread per k-block.
+//
+// CTA = 5 warpgroups, tile 64 x 256 (the same tile, TMA boxes, scale ring and producer pieces as the
+// 64-row 2-warpgroup kernel). Math warpgroup g owns tile columns 64g .. 64g + 63: g = 0, 1 the gate
+// rows (block record 0), g = 2, 3 the up rows (record 1) of GEMM 1's interleaved W13 (plain GEMMs: just
+// columns). Per k-block each warpgroup decodes its 64 weight rows (two threads per row, 64 K each) into
+// its private double-buffered FP8 tile, as the 2-warpgroup mainloop does.
+// SwiGLU epilogue: warp w of gate warpgroup g hands its accumulators to warp w of up warpgroup g + 2
+// (named barrier per warp pair); the up warpgroups activate, and the per-row amax over the output's 128
+// columns (64 in each up warpgroup) is combined through shared memory (one 256-thread barrier between the
+// two up warpgroups); each up warpgroup quantizes and stores its 64 columns, warpgroup 2 the row's scale.
+// The amax is a max, so the result is bit-identical to the 2-warpgroup kernel's.
+//
+// NOTES:
+// - Named barriers: 1 = the two up warpgroups' amax exchange (256 threads), 2..5 = the decode barrier of
+//   math warpgroup 0..3 (128), 8 + 4 p + w = warp pair p (gate g = p, up g = p + 2), warp w (64).
+// - Register pool: __launch_bounds__(640, 1) caps ptxas at 96 per thread (65,536 / 640 rounded down to a
+//   multiple of 8), 61,440 in all; the producer warpgroup drops to 32 and the math warpgroups take
+//   112 (32 x 128 + 112 x 512 = 61,440; at 24 the producer side spilled 8 bytes).
+// - Everything else (ring protocol, stage phases in lockstep, rows past the expert's end computed and
+//   never stored, the decoded buffer reuse argument) as sm90_w4a8_grouped_gemm.cuh's NOTES.
+#pragma once
+
+#include "kernels/sm90_w4a8_grouped_gemm.cuh"
+
+namespace megamoe::kernels::sm90 {
+
+constexpr int kW4a8SmallMathWarpgroups = 4;
+constexpr int kW4a8SmallThreadsPerCta = 128 * (1 + kW4a8SmallMathWarpgroups);
+constexpr int kW4a8SmallColumns = kW4a8BlockN / kW4a8SmallMathWarpgroups;  // 64 per math warpgroup
+constexpr uint32_t kW4a8SmallAmaxBarrier = 1;
+constexpr uint32_t kW4a8SmallDecodeBarrier = 2;  // + math warpgroup
+constexpr uint32_t kW4a8SmallPairBarrier = 8;    // + 4 * pair + warp
+
+template <int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+struct W4a8SmallMLayout {
+  // The names W4a8GemmShared, produce_w4a8_tile and produce_w4a8_scales read (as W4a8GemmLayout).
+  static constexpr int kSubTiles = 1;
+  static constexpr int kStageCount = kStages;
+  static constexpr int kBlockN = kW4a8BlockN;
+  static constexpr bool kScalesInShared = false;
+  static constexpr bool kW4a8SharedScales = true;
+  static constexpr Fp4Format kFp4Format = kFormat;
+  static constexpr int kBlockM = 64;
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kFp4Bytes = kW4a8BlockN * kW4a8Fp4RowBytes;
+  static constexpr int kScaleBytes = kW4a8BlockN * Fp4Traits<kFormat>::kScaleBytesPerRow;
+  static constexpr int kDecodedBytes = kW4a8SmallColumns * kBlockK;  // one warpgroup's FP8 B tile (64 rows)
+  static constexpr int kDecodedOffset = 0;
+  static constexpr int kAOffset = kDecodedOffset + 2 * kW4a8SmallMathWarpgroups * kDecodedBytes;
+  static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
+  static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
+  // SwiGLU: per warp pair 16 registers x 64 threads of gate values in flight (two pairs: 16 KiB), then
+  // the up warpgroups' per-row amax [2][64] floats.
+  static constexpr int kExchangeRegisters = 16;
+  static constexpr int kExchangeOffset = kScaleOffset + kStages * kScaleBytes;
+  static constexpr int kExchangeBytes =
+      kEpilogue == W4a8Epilogue::kSwigluQuantFp8 ? 2 * kExchangeRegisters * 128 * 4 + 2 * kBlockM * 4 : 0;
+  static constexpr int kAmaxOffset = kExchangeOffset + 2 * kExchangeRegisters * 128 * 4;
+  static constexpr int kScaleRecords = kW4a8BlockN / 128;
+  static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
+  static constexpr int kScaleRingOffset = kExchangeOffset + kExchangeBytes;
+  static constexpr int kScaleRingBytes = (kStages * kScaleSlotWords * 4 + 15) / 16 * 16;
+  static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
+  static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int kEmptyArrivals = kW4a8SmallMathWarpgroups * 4;  // lane 0 of every math warp
+  static constexpr int shared_bytes(int num_experts) {
+    return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
+  }
+  static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
+                "stage alignment");
+};
+
+// Math warpgroup `math_wg` (0..3, columns 64 math_wg ..), one tile: decode + wgmma m64n64 + promotion over
+// k_blocks, in the order of w4a8_tile_mainloop (decode of kb + 1 between the wgmma issue and wait of kb).
+// warp_has_rows: this warp holds a row of the tile's expert (else it skips the promotion; warp-uniform).
+template <class Layout>
+__device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], float (&partial)[32],
+                                                      const W4a8GemmShared<Layout>& smem, bool warp_has_rows,
+                                                      int k_blocks, int math_wg,
+                                                      PipelineCursor<Layout::kStageCount>& cursor) {
+  constexpr int kStages = Layout::kStageCount;
+  constexpr Fp4Format kFormat = Layout::kFp4Format;
+  constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
+  const int lane = threadIdx.x % 32;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int row_in_tile = (thread_in_wg / 32) * 16 + lane / 4;
+  const uint32_t decode_barrier = kW4a8SmallDecodeBarrier + math_wg;
+  uint8_t* my_decoded = smem.decoded + math_wg * 2 * Layout::kDecodedBytes;
+  const int record_word = Layout::kBlockM + 2 * (math_wg / 2);  // gate (record 0) or up (record 1)
+  auto slot_word = [&](int stage, int word) { return smem.scale_ring[stage * Layout::kScaleSlotWords + word]; };
+  // Two threads per weight row: thread t decodes chunks 2 (t & 1), +1 of row t / 2 of this warpgroup's 64.
+  auto decode = [&](int s, int kb) {
+    decode_fp4_row_chunks<kFormat, 2>(
+        smem.fp4_tiles + s * Layout::kFp4Bytes + math_wg * kW4a8SmallColumns * kW4a8Fp4RowBytes,
+        smem.scale_tiles + s * Layout::kScaleBytes + math_wg * kW4a8SmallColumns * kScaleBytesPerRow,
+        my_decoded + (kb & 1) * Layout::kDecodedBytes, thread_in_wg / 2, 2 * (thread_in_wg & 1),
+        static_cast<int>(slot_word(s, record_word + 1)));
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+  };
+#pragma unroll
+  for (int i = 0; i < 32; ++i) accumulator[i] = 0.0f;
+  // Every warp of this warpgroup has retired the previous tile's wgmmas before any overwrites buffer 0.
+  named_barrier_sync(decode_barrier, 128);
+  barrier_wait(&smem.full[cursor.stage], cursor.phase);
+  decode(cursor.stage, 0);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    // Stage kb's `full` was waited for before its decode: its scale slot is readable.
+    const float factor = __uint_as_float(slot_word(cursor.stage, record_word));
+    const float scale0 = __uint_as_float(slot_word(cursor.stage, row_in_tile)) * factor;
+    const float scale1 = __uint_as_float(slot_word(cursor.stage, row_in_tile + 8)) * factor;
+    named_barrier_sync(decode_barrier, 128);  // every row of decoded kb is written and fenced
+    const uint32_t b_base = smem_address(my_decoded + (kb & 1) * Layout::kDecodedBytes);
+    const uint32_t a_base = smem_address(smem.a_tiles + cursor.stage * Layout::kABytes);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(partial[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+      wgmma_m64n64k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
+                           make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+    wgmma_commit();
+    if (kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
+      const int next_stage = cursor.stage + 1 == kStages ? 0 : cursor.stage + 1;
+      barrier_wait(&smem.full[next_stage], next_stage == 0 ? cursor.phase ^ 1 : cursor.phase);
+      decode(next_stage, kb + 1);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) fence_operand(partial[i]);
+    if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+    cursor.advance();
+    if (warp_has_rows) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
+        accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
+        accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
+        accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
+      }
+    }
+  }
+}
+
+// GEMM 1 epilogue of the small-M kernel (header comment): gate warpgroups 0, 1 -> up warpgroups 2, 3 per
+// warp pair; the up warpgroups activate, combine the row amax of the output's 128 columns, apply the
+// top-k weight, quantize (formats::quantize_fp8_activations rule, as w4a8_swiglu_quant_fp8_epilogue)
+// and store their 64 columns each (out: e4m3 [rows, out_cols], out_scales [rows, out_cols / 128]).
+template <class Layout>
+__device__ __forceinline__ void w4a8_small_m_swiglu_epilogue(float (&accumulator)[32], const W4a8GemmShared<Layout>& smem,
+                                                             int math_wg, const MathRows<1>& where, bool warp_has_rows,
+                                                             int n_tile, int out_cols, const float* topk_weights,
+                                                             uint8_t* out, float* out_scales, int activation,
+                                                             float limit, float alpha) {
+  constexpr int kChunk = Layout::kExchangeRegisters;
+  const int lane = threadIdx.x % 32;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int warp = thread_in_wg / 32;
+  const int pair = math_wg % 2;  // gate g = pair, up g = pair + 2: the same 64 output columns
+  const bool gate = math_wg < 2;
+  float* exchange = smem.exchange + pair * kChunk * 128;
+  float* row_amax = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem.exchange) +
+                                             (Layout::kAmaxOffset - Layout::kExchangeOffset));  // [2][64]
+  float amax[2] = {0.0f, 0.0f};
+  if (warp_has_rows) {  // both warps of a pair hold the same rows
+    const uint32_t pair_barrier = kW4a8SmallPairBarrier + 4 * pair + warp;
+#pragma unroll
+    for (int chunk = 0; chunk < 32 / kChunk; ++chunk) {
+      if (gate) {
+#pragma unroll
+        for (int r = 0; r < kChunk; ++r) exchange[r * 128 + thread_in_wg] = accumulator[chunk * kChunk + r];
+      }
+      named_barrier_sync(pair_barrier, 64);
+      if (!gate) {
+#pragma unroll
+        for (int r = 0; r < kChunk; ++r) {
+          const int i = chunk * kChunk + r;
+          const float value = activate(exchange[r * 128 + thread_in_wg], accumulator[i], activation, limit, alpha);
+          accumulator[i] = value;
+          amax[(i % 4) / 2] = fmaxf(amax[(i % 4) / 2], fabsf(value));
+        }
+      }
+      named_barrier_sync(pair_barrier, 64);  // the pair's exchange slots are free again
+    }
+  }
+  if (gate) return;
+  // Up warpgroups: row amax over this warpgroup's 64 columns (the 4 lanes of a row), then over both.
+  const int up = math_wg - 2;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+    amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+    if (lane % 4 == 0) row_amax[up * 64 + warp * 16 + 8 * h + lane / 4] = amax[h];
+  }
+  named_barrier_sync(kW4a8SmallAmaxBarrier, 256);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    amax[h] = fmaxf(amax[h], row_amax[(1 - up) * 64 + warp * 16 + 8 * h + lane / 4]);
+  // The amax slots are rewritten only after the next tile's mainloop, whose decode barrier every warp
+  // of this warpgroup passes after this read; the other up warpgroup reads them before its own.
+  named_barrier_sync(kW4a8SmallAmaxBarrier, 256);
+  if (!warp_has_rows) return;
+  const int col_base = n_tile * 128 + up * kW4a8SmallColumns + 2 * (lane % 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (!where.valid[0][h]) continue;
+    const int row = where.rows[0][h];
+    // amax |fl(v * w)| = fl(amax |v| * |w|) (rounding is monotonic), so the weight multiplies here.
+    const float weight = topk_weights ? topk_weights[row] : 1.0f;
+    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[h], fabsf(weight)), 1e-10f), 448.0f);
+    uint8_t* out_row = out + static_cast<int64_t>(row) * out_cols + col_base;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 pair_values = make_float2(__fdiv_rn(__fmul_rn(accumulator[4 * j + 2 * h], weight), scale),
+                                             __fdiv_rn(__fmul_rn(accumulator[4 * j + 2 * h + 1], weight), scale));
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * j) =
+          __nv_cvt_float2_to_fp8x2(pair_values, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (up == 0 && lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
+  }
+}
+
+template <int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+__global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
+    sm90_w4a8_small_m_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
+                                          const __grid_constant__ CUtensorMap b_map, const W4a8GemmParams params) {
+  using Layout = W4a8SmallMLayout<kStages, kFormat, kEpilogue>;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr uint32_t kProducerRegs = 32;
+  constexpr uint32_t kMathRegs = 112;
+  static_assert(kProducerRegs * 128 + kMathRegs * 128 * kW4a8SmallMathWarpgroups <= 96 * kW4a8SmallThreadsPerCta,
+                "the launch's 96 x 640 registers (NOTES)");
+
+  extern __shared__ uint8_t shared_raw[];
+  const W4a8GemmShared<Layout> smem(shared_raw);
+  const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
+
+  const int warpgroup = threadIdx.x / 128;
+  const int lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&b_map);
+  }
+  if (threadIdx.x / 32 == 1)
+    build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
+  __syncthreads();
+
+  const int k_blocks = params.k / kBlockK;
+  const int n_tiles = params.n / kW4a8BlockN;
+  const int n_blocks = params.n / 128;
+  const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
+
+  if (warpgroup == 0) {
+    registers_decrease<kProducerRegs>();
+    constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
+    if (threadIdx.x / 32 == 1) {  // the scale warp
+      PipelineCursor<kStages> cursor;
+      int expert = 0;
+      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+        const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+        const W4a8BlockScaleDevice* blocks =
+            params.blocks + (static_cast<int64_t>(expert) * n_blocks + where.n_tile * 2) * k_blocks;
+        produce_w4a8_scales(smem, params.a_scales, blocks, blocks + k_blocks, where.m0, where.m_end, k_blocks, cursor);
+      }
+      cp_async_wait_all();
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    PipelineCursor<kStages> cursor;
+    int expert = 0;
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+      const uint8_t* scales = params.group_scales + (static_cast<int64_t>(expert) * k_blocks * params.n +
+                                                     where.n_tile * kW4a8BlockN) * kScaleBytesPerRow;
+      produce_w4a8_tile(smem, &a_map, &b_map, where.m0, expert * params.n + where.n_tile * kW4a8BlockN, scales,
+                        static_cast<int64_t>(params.n) * kScaleBytesPerRow, k_blocks, cursor);
+    }
+    return;
+  }
+
+  registers_increase<kMathRegs>();
+  const int math_wg = warpgroup - 1;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int row_in_tile = (thread_in_wg / 32) * 16 + lane / 4;
+  PipelineCursor<kStages> cursor;
+  int expert = 0;
+  float accumulator[32];
+  float partial[32];
+  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+    const MathRows<1> where(t.m0, t.m_end, row_in_tile);
+    const bool warp_has_rows = __any_sync(0xffffffffu, where.valid[0][0] || where.valid[0][1]);
+    w4a8_small_m_mainloop<Layout>(accumulator, partial, smem, warp_has_rows, k_blocks, math_wg, cursor);
+    if constexpr (kEpilogue == W4a8Epilogue::kStoreBf16) {
+      if (warp_has_rows) {
+        float (&as_sub_tiles)[1][32] = *reinterpret_cast<float (*)[1][32]>(&accumulator);
+        w4a8_store_bf16_epilogue<1, 32>(as_sub_tiles, where, static_cast<__nv_bfloat16*>(params.out), params.n,
+                                        t.n_tile * kW4a8BlockN + math_wg * kW4a8SmallColumns);
+      }
+    } else {
+      w4a8_small_m_swiglu_epilogue<Layout>(accumulator, smem, math_wg, where, warp_has_rows, t.n_tile, params.n / 2,
+                                           params.topk_weights, static_cast<uint8_t*>(params.out), params.out_scales,
+                                           params.activation, params.limit, params.alpha);
+    }
+  }
+}
+
+}  // namespace megamoe::kernels::sm90
