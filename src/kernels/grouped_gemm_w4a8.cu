@@ -76,21 +76,23 @@ void launch_small_m(const uint8_t* a, const uint8_t* weight_data, const W4a8Gemm
   MEGAMOE_LAUNCH_CHECK();
 }
 
-// 64-row tiles run the small-M kernel (four math warpgroups, v4) unless MEGAMOE_W4A8_SMALL_M=0 (the
-// 2-warpgroup kernel, for A/B runs; read per call, as MEGAMOE_FP8_GEMM_SCHEDULE).
-bool use_small_m_kernel() {
+// Which 64-row W4A8 tiles run the small-M kernel (four math warpgroups, v4). Measured against the
+// 2-warpgroup kernel in one call (docs/grouped_gemm.md "W4A8 v4"): GEMM 1 (SwiGLU epilogue) +2..+16% at
+// 8-128 rows, GEMM 2 / plain (BF16 out) -1..-8%. So by default GEMM 1 only; MEGAMOE_W4A8_SMALL_M=1 takes
+// it for both, =0 for neither (A/B runs; read per call, as MEGAMOE_FP8_GEMM_SCHEDULE).
+bool use_small_m_kernel(W4a8Epilogue epilogue) {
   const char* value = std::getenv("MEGAMOE_W4A8_SMALL_M");
   const std::string text = value ? value : "";
-  if (text.empty() || text == "1") return true;
-  MEGAMOE_CHECK(text == "0", "MEGAMOE_W4A8_SMALL_M = '", text, "' must be 0 or 1");
-  return false;
+  if (text.empty() || text == "auto") return epilogue == W4a8Epilogue::kSwigluQuantFp8;
+  MEGAMOE_CHECK(text == "0" || text == "1", "MEGAMOE_W4A8_SMALL_M = '", text, "' must be auto, 0 or 1");
+  return text == "1";
 }
 
 template <W4a8Epilogue kEpilogue>
 void dispatch(WeightFormat format, int sub_tiles, const uint8_t* a, const uint8_t* data, const W4a8GemmParams& params,
               cudaStream_t stream) {
   const bool nvfp4 = format == WeightFormat::kNvfp4;
-  if (sub_tiles == 1 && use_small_m_kernel()) {
+  if (sub_tiles == 1 && use_small_m_kernel(kEpilogue)) {
     if (nvfp4) launch_small_m<Fp4Format::kNvfp4, kEpilogue>(a, data, params, stream);
     else launch_small_m<Fp4Format::kMxfp4, kEpilogue>(a, data, params, stream);
   } else if (sub_tiles == 1) {

@@ -424,10 +424,11 @@ TEST(GroupedGemmW4a8, Gemm1DeepHidden) {
   run_gemm1(WeightFormat::kNvfp4, {33, 0, 80}, 7168, 256, 1306, Activation{}, true, false, 0);
 }
 
-// v4: 64-row tiles run the small-M kernel (four math warpgroups of 64 columns, two threads per decoded
-// row, the SwiGLU amax combined across the two up warpgroups) by default, so the 64-row cases above test
-// it; these add its clamped SwiGLU, deep-K and GEMM-2 paths, and keep the 2-warpgroup 64-row kernel (whose
-// pieces the fused kernel runs) tested through MEGAMOE_W4A8_SMALL_M=0.
+// v4: 64-row GEMM-1 tiles run the small-M kernel (four math warpgroups of 64 columns, two threads per
+// decoded row, the SwiGLU amax combined across the two up warpgroups) by default, so the 64-row GEMM-1
+// cases above test it; these add its clamped SwiGLU and deep-K paths and its BF16 path
+// (MEGAMOE_W4A8_SMALL_M=1), and keep the 2-warpgroup 64-row kernel tested for GEMM 1 as well
+// (MEGAMOE_W4A8_SMALL_M=0; the fused kernel runs its pieces).
 struct ScopedEnv {
   const char* name;
   ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
@@ -442,7 +443,9 @@ TEST(GroupedGemmW4a8, SmallMKernelEpiloguesAndDeepK) {
   act.alpha = 1.702f;
   for (WeightFormat f : kFormats) run_gemm1(f, {5, 0, 129, 1, 40}, 384, 384, 1311, act, false, false, 8);
   run_gemm1(WeightFormat::kNvfp4, {33, 0, 80, 7}, 7168, 256, 1312, Activation{}, true, false, 8);
+  const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "1");
   run_plain(WeightFormat::kMxfp4, {100, 0, 129, 3}, 256, 2048, 1313, 8, false, true);
+  for (WeightFormat f : kFormats) run_plain(f, {3, 0, 128, 77}, 512, 512, 1205, 8, true, true);
 }
 
 TEST(GroupedGemmW4a8, TwoWarpgroupKernelAt64Rows) {
