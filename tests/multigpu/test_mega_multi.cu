@@ -156,7 +156,8 @@ void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat for
     paths.insert(backend->last_forward_path());
     if (name == "mega[auto]") {
       const int64_t rows = max_tokens_any_rank * c.top_k / backend->num_local_experts();
-      EXPECT_EQ(backend->last_forward_path(), rows > 32 ? "split" : "fused") << "rows per local expert " << rows;
+      EXPECT_EQ(backend->last_forward_path(), rows > expected_fused_max_rows(c.weight_format) ? "split" : "fused")
+          << "rows per local expert " << rows;
     }
     if (in.tokens == 0) continue;
     const bool bit_exact_to_solo = backend->last_forward_path() != "split" || rank.ranks == 1;
