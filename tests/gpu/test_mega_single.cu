@@ -84,8 +84,9 @@ TEST_P(MegaSingle, ManyTilesPerCtaBothTileHeights) {
   }
 }
 
-// On each path, and under the heuristic, which on one rank decides on T: rows = T * 3 / 8, so 128 and
-// 100 tokens take the split path, the others the fused kernel (the paths alternate call to call).
+// On each path, and under the heuristic, which on one rank decides on T: rows = T * 3 / 8, so for FP8 /
+// BF16 128 and 100 tokens take the split path, the others the fused kernel (the paths alternate call to
+// call); for W4A8 every T > 0 takes the split path and T = 0 the fused kernel.
 TEST_P(MegaSingle, ZeroTokensAndChangingTokenCounts) {
   auto group = single_rank_group();
   const MoeConfig c = small_config(128, GetParam());
