@@ -21,7 +21,8 @@
 //                        2048           128             4258     3475
 // the split path wins at every size (the standalone W4A8 GEMMs stage their scales in shared memory and
 // GEMM 1 runs the four-warpgroup small-M kernel; the fused kernel has neither), so W4A8 layers take it
-// whenever the agreed token count is known (kMegaFusedMaxRowsPerExpertW4a8 = 0).
+// from one row per local expert up (kMegaFusedMaxRowsPerExpertW4a8 = 0; below one row, unmeasured,
+// and without an agreed count: fused).
 #pragma once
 
 #include <cstdint>

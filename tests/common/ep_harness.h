@@ -688,8 +688,8 @@ inline int reference_combine_ranks(const MoeBackend& backend, int ranks) {
 }
 
 // The rows per local expert up to which `mega[auto]` is expected to run the fused kernel, by weight format
-// (mega_path_heuristics.h, written out here rather than read from it): FP8 / BF16 32, W4A8 0 (split
-// whenever the agreed token count is known and > 0).
+// (mega_path_heuristics.h, written out here rather than read from it): FP8 / BF16 32, W4A8 0 (split from
+// one row per local expert up, the rows rounded down).
 inline int64_t expected_fused_max_rows(WeightFormat format) {
   return format == WeightFormat::kNvfp4 || format == WeightFormat::kMxfp4 ? 0 : 32;
 }
