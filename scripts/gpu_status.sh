@@ -4,7 +4,8 @@
 #   source scripts/use_prebuilt.sh main && PREBUILT=$PREBUILT OUT=$OUT bash scripts/gpu_status.sh
 # Phase 1 (both GPUs, side by side): GPU 0 bench gemm W4A8 (nvfp4, mxfp4) + BF16; GPU 1 mega memcheck +
 # racecheck at a small shape (issue 5). Phase 2 (both GPUs): bench layer ms4 / qwen3-30b FP8 staged vs
-# mega (issue 5: mega never > 5% slower), then dsv3 nvfp4 / mxfp4 staged vs mega (issue 5's W4A8 rows).
+# mega (issue 5: mega never > 5% slower), dsv3 FP8 beside the plain torch layer (issue 4: >= 3x), then
+# dsv3 nvfp4 / mxfp4 staged vs mega (issue 5's W4A8 rows).
 # Logs + JSON in one tgz ($OUT/status.tgz); table last.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
@@ -46,6 +47,14 @@ for preset in ms4 qwen3-30b; do
   step "layer_${preset}" 90 "$cli" bench layer --backend staged,mega --ranks 2 --preset "$preset" --format fp8_block \
     --tokens 128,512,2048,8192 --iters 10 --json "$logs/layer_${preset}.json"
 done
+# Issue 4's ">= 3x a plain PyTorch layer", side by side: dsv3 FP8 staged / mega, then the torch layer
+# (bench/torch_moe_layer.py: NCCL all_to_all + torch._grouped_mm, and one torch.mm per expert, BF16).
+step layer_dsv3_fp8 90 "$cli" bench layer --backend staged,mega --ranks 2 --preset dsv3 --format fp8_block \
+  --tokens 128,2048,8192 --iters 10 --json "$logs/layer_dsv3_fp8.json"
+step torch_layer 150 python3 bench/torch_moe_layer.py --ranks 2 --preset dsv3 --tokens 128,2048,8192 --gemm grouped \
+  --json "$logs/torch_layer_grouped.json"
+step torch_layer_loop 90 python3 bench/torch_moe_layer.py --ranks 2 --preset dsv3 --tokens 8192 --gemm loop \
+  --json "$logs/torch_layer_loop.json"
 step layer_dsv3_nvfp4 200 "$cli" bench layer --backend staged,mega --ranks 2 --preset dsv3 --format nvfp4 \
   --tokens 128,2048,8192 --iters 5 --json "$logs/layer_dsv3_nvfp4.json"
 step layer_dsv3_mxfp4 120 "$cli" bench layer --backend staged,mega --ranks 2 --preset dsv3 --format mxfp4 \
@@ -64,6 +73,24 @@ print("==", j["shape"]["preset"], j.get("format", ""), sys.argv[1].rsplit("/", 1
 for t in sorted(rows): print("  %6d tok: %s" % (t, " | ".join(rows[t])))
 PY
 done
+python3 - "$logs" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+def load(name):
+    p = os.path.join(d, name)
+    return json.load(open(p)) if os.path.exists(p) else None
+ours, grouped, loop = load("layer_dsv3_fp8.json"), load("torch_layer_grouped.json"), load("torch_layer_loop.json")
+if ours:
+    torch_us = {}
+    for j in (grouped, loop):
+        for c in (j or {}).get("cases", []):
+            torch_us.setdefault(c["tokens"], []).append((j["gemm"], c["slowest_rank_median_us"]))
+    print("== dsv3 FP8 vs the plain torch layer (same call; torch = slowest rank's median)")
+    for c in ours["cases"]:
+        for gemm, t in torch_us.get(c["tokens"], []):
+            print("  %6d tok  %-18s %8.0f us   torch[%s] %9.0f us   speed-up %.2fx" % (
+                c["tokens"], c["backend"], c["median_us"], gemm, t, t / c["median_us"]))
+PY
 for f in "$logs"/bench_gemm_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -E "^\|" "$f" | head -24; }; done
 printf '\n%-20s %-20s %s\n' step result time
 for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-20s %-20s %s\n' "$a" "$b" "$c"; done

@@ -475,6 +475,39 @@ __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulat
   }
 }
 
+// Producer warpgroup of the standalone W4A8 kernels (this one and the small-M kernel, shared scales):
+// warp 1 is the scale warp (produce_w4a8_scales), thread 0 streams the operands (produce_w4a8_tile),
+// both over the CTA's tile sequence; the other threads return at once. The caller has lowered this
+// warpgroup's registers already.
+template <class Layout>
+__device__ __forceinline__ void run_w4a8_producer_warpgroup(const W4a8GemmShared<Layout>& smem, const ExpertTileTable& table,
+                                                            const CUtensorMap* a_map, const CUtensorMap* b_map,
+                                                            const W4a8GemmParams& params, int total_tiles, int n_tiles,
+                                                            int k_blocks) {
+  constexpr int kScaleBytesPerRow = Fp4Traits<Layout::kFp4Format>::kScaleBytesPerRow;
+  const int n_blocks = params.n / 128;
+  PipelineCursor<Layout::kStageCount> cursor;
+  int expert = 0;
+  if (threadIdx.x / 32 == 1) {  // the scale warp
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const TileCoordinates where = locate_tile(table, tile, n_tiles, Layout::kBlockM, expert);
+      const W4a8BlockScaleDevice* blocks =
+          params.blocks + (static_cast<int64_t>(expert) * n_blocks + where.n_tile * 2) * k_blocks;
+      produce_w4a8_scales(smem, params.a_scales, blocks, blocks + k_blocks, where.m0, where.m_end, k_blocks, cursor);
+    }
+    cp_async_wait_all();
+    return;
+  }
+  if (threadIdx.x != 0) return;
+  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const TileCoordinates where = locate_tile(table, tile, n_tiles, Layout::kBlockM, expert);
+    const uint8_t* scales = params.group_scales + (static_cast<int64_t>(expert) * k_blocks * params.n +
+                                                   where.n_tile * kW4a8BlockN) * kScaleBytesPerRow;
+    produce_w4a8_tile(smem, a_map, b_map, where.m0, expert * params.n + where.n_tile * kW4a8BlockN, scales,
+                      static_cast<int64_t>(params.n) * kScaleBytesPerRow, k_blocks, cursor);
+  }
+}
+
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
 template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
@@ -482,7 +515,6 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                   const __grid_constant__ CUtensorMap b_map, const W4a8GemmParams params) {
   using Layout = W4a8StandaloneLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
   constexpr int kBlockM = Layout::kBlockM;
-  constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
 
   extern __shared__ uint8_t shared_raw[];
   const W4a8GemmShared<Layout> smem(shared_raw);
@@ -512,28 +544,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int n_blocks = params.n / 128;
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
-    if (threadIdx.x / 32 == 1) {  // the scale warp
-      PipelineCursor<kStages> cursor;
-      int expert = 0;
-      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-        const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-        const W4a8BlockScaleDevice* blocks =
-            params.blocks + (static_cast<int64_t>(expert) * n_blocks + where.n_tile * 2) * k_blocks;
-        produce_w4a8_scales(smem, params.a_scales, blocks, blocks + k_blocks, where.m0, where.m_end, k_blocks, cursor);
-      }
-      cp_async_wait_all();
-      return;
-    }
-    if (threadIdx.x != 0) return;
-    PipelineCursor<kStages> cursor;
-    int expert = 0;
-    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-      const uint8_t* scales = params.group_scales + (static_cast<int64_t>(expert) * k_blocks * params.n +
-                                                     where.n_tile * kW4a8BlockN) * kScaleBytesPerRow;
-      produce_w4a8_tile(smem, &a_map, &b_map, where.m0, expert * params.n + where.n_tile * kW4a8BlockN, scales,
-                        static_cast<int64_t>(params.n) * kScaleBytesPerRow, k_blocks, cursor);
-    }
+    run_w4a8_producer_warpgroup(smem, table, &a_map, &b_map, params, total_tiles, n_tiles, k_blocks);
     return;
   }
 

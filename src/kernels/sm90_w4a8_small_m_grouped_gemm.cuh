@@ -257,34 +257,11 @@ __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
 
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = params.n / kW4a8BlockN;
-  const int n_blocks = params.n / 128;
   const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
 
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
-    constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
-    if (threadIdx.x / 32 == 1) {  // the scale warp
-      PipelineCursor<kStages> cursor;
-      int expert = 0;
-      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-        const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-        const W4a8BlockScaleDevice* blocks =
-            params.blocks + (static_cast<int64_t>(expert) * n_blocks + where.n_tile * 2) * k_blocks;
-        produce_w4a8_scales(smem, params.a_scales, blocks, blocks + k_blocks, where.m0, where.m_end, k_blocks, cursor);
-      }
-      cp_async_wait_all();
-      return;
-    }
-    if (threadIdx.x != 0) return;
-    PipelineCursor<kStages> cursor;
-    int expert = 0;
-    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-      const uint8_t* scales = params.group_scales + (static_cast<int64_t>(expert) * k_blocks * params.n +
-                                                     where.n_tile * kW4a8BlockN) * kScaleBytesPerRow;
-      produce_w4a8_tile(smem, &a_map, &b_map, where.m0, expert * params.n + where.n_tile * kW4a8BlockN, scales,
-                        static_cast<int64_t>(params.n) * kScaleBytesPerRow, k_blocks, cursor);
-    }
+    run_w4a8_producer_warpgroup(smem, table, &a_map, &b_map, params, total_tiles, n_tiles, k_blocks);
     return;
   }
 
