@@ -23,57 +23,47 @@ static_assert(sizeof(W4a8BlockScale) == sizeof(sm90::W4a8BlockScaleDevice) &&
 
 constexpr int kSharedMemoryLimit = 227 * 1024;
 
-// The most stages (<= 6) whose shared memory, with the tile table of kMaxExperts experts, fits.
-template <int kSubTilesM, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+// The most stages (<= 6) whose shared memory, with the tile table of kMaxExperts experts, fits; One = the
+// kernel's layout at one stage (per stage: operands + 2 mbarriers + the scale slot rounded up to 16 bytes,
+// an over-estimate).
+template <class One>
 constexpr int max_stages() {
-  using One = sm90::W4a8StandaloneLayout<kSubTilesM, 1, kFormat, kEpilogue>;
-  // + 2 mbarriers + the stage's scale slot (rounded up to 16 bytes per stage: an over-estimate)
   constexpr int kPerStage = One::kABytes + One::kFp4Bytes + One::kScaleBytes + 16 + One::kScaleRingBytes;
   int stages = 1;
   while (stages < 6 && One::shared_bytes(sm90::kMaxExperts) + stages * kPerStage <= kSharedMemoryLimit) ++stages;
   return stages;
 }
 
-template <int kSubTilesM, Fp4Format kFormat, W4a8Epilogue kEpilogue>
-void launch(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
-  constexpr int kStages = max_stages<kSubTilesM, kFormat, kEpilogue>();
-  using Layout = sm90::W4a8StandaloneLayout<kSubTilesM, kStages, kFormat, kEpilogue>;
+// Tensor maps, shared memory and the launch of a standalone W4A8 kernel with layout Layout.
+template <class Layout, class Kernel>
+void launch_kernel(Kernel* kernel, int threads, const uint8_t* a, const uint8_t* weight_data,
+                   const W4a8GemmParams& params, cudaStream_t stream) {
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= kSharedMemoryLimit, "W4A8 config overflows shared memory");
   const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map = detail::make_byte_tensor_map(
       weight_data, params.k / 2, static_cast<uint64_t>(params.num_experts) * params.n, sm90::kW4a8Fp4RowBytes,
       sm90::kW4a8BlockN, CU_TENSOR_MAP_SWIZZLE_64B);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_w4a8_grouped_gemm_kernel<kSubTilesM, kStages, kFormat, kEpilogue>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  kernel<<<detail::grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+  kernel<<<detail::grouped_gemm_sm_count(), threads, shared_bytes, stream>>>(a_map, b_map, params);
   MEGAMOE_LAUNCH_CHECK();
 }
 
-// The small-M kernel (64-row tiles, four math warpgroups): stages as max_stages.
-template <Fp4Format kFormat, W4a8Epilogue kEpilogue>
-constexpr int max_small_m_stages() {
-  using One = sm90::W4a8SmallMLayout<1, kFormat, kEpilogue>;
-  constexpr int kPerStage = One::kABytes + One::kFp4Bytes + One::kScaleBytes + 16 + One::kScaleRingBytes;
-  int stages = 1;
-  while (stages < 6 && One::shared_bytes(sm90::kMaxExperts) + stages * kPerStage <= kSharedMemoryLimit) ++stages;
-  return stages;
+template <int kSubTilesM, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+void launch(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
+  constexpr int kStages = max_stages<sm90::W4a8StandaloneLayout<kSubTilesM, 1, kFormat, kEpilogue>>();
+  launch_kernel<sm90::W4a8StandaloneLayout<kSubTilesM, kStages, kFormat, kEpilogue>>(
+      &sm90::sm90_w4a8_grouped_gemm_kernel<kSubTilesM, kStages, kFormat, kEpilogue>, sm90::kThreadsPerCta, a,
+      weight_data, params, stream);
 }
 
+// The small-M kernel (64-row tiles, four math warpgroups).
 template <Fp4Format kFormat, W4a8Epilogue kEpilogue>
 void launch_small_m(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
-  constexpr int kStages = max_small_m_stages<kFormat, kEpilogue>();
-  using Layout = sm90::W4a8SmallMLayout<kStages, kFormat, kEpilogue>;
-  static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= kSharedMemoryLimit, "W4A8 small-M config overflows shared memory");
-  const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
-  const CUtensorMap b_map = detail::make_byte_tensor_map(
-      weight_data, params.k / 2, static_cast<uint64_t>(params.num_experts) * params.n, sm90::kW4a8Fp4RowBytes,
-      sm90::kW4a8BlockN, CU_TENSOR_MAP_SWIZZLE_64B);
-  const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_w4a8_small_m_grouped_gemm_kernel<kStages, kFormat, kEpilogue>;
-  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  kernel<<<detail::grouped_gemm_sm_count(), sm90::kW4a8SmallThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
-  MEGAMOE_LAUNCH_CHECK();
+  constexpr int kStages = max_stages<sm90::W4a8SmallMLayout<1, kFormat, kEpilogue>>();
+  launch_kernel<sm90::W4a8SmallMLayout<kStages, kFormat, kEpilogue>>(
+      &sm90::sm90_w4a8_small_m_grouped_gemm_kernel<kStages, kFormat, kEpilogue>, sm90::kW4a8SmallThreadsPerCta, a,
+      weight_data, params, stream);
 }
 
 // Which 64-row W4A8 tiles run the small-M kernel (four math warpgroups, v4). Measured against the

@@ -20,22 +20,11 @@ __device__ __forceinline__ void barrier_init_fence() {
   cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
 }
 // Blocks until the phase with parity `parity` of `barrier` has completed.
-// NOTES: a waiting producer thread re-polls every ~10 cycles (ncu, session 9: 6.5 M SYNCS + BRA pairs
-// in one 8-rows W4A8 launch, 25 M SYNCS in the FP8 kernel at 1024 rows) on the scheduler it shares with
-// math warps. try_wait with a suspend-time hint (CUTLASS's ClusterBarrier::wait uses 10 ms) was measured
-// against the plain loop (docs/grouped_gemm.md "W4A8 v4"): FP8 +-0 within run-to-run drift, W4A8 and
-// the dsv3 FP8 layer 0..3% slower, so the default stays the plain loop; compile with
-// -DMEGAMOE_BARRIER_SUSPEND_HINT_NS=<ns> to use the hint.
-#ifndef MEGAMOE_BARRIER_SUSPEND_HINT_NS
-#define MEGAMOE_BARRIER_SUSPEND_HINT_NS 0u
-#endif
+// NOTES: a waiting producer thread re-polls every ~10 cycles (ncu, session 9) on the scheduler it shares
+// with math warps; try_wait with a suspend-time hint (CUTLASS's 10 ms) was measured against this plain
+// loop (docs/grouped_gemm.md "W4A8 v4") and gave no gain, so the loop stays.
 __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
-  if constexpr (MEGAMOE_BARRIER_SUSPEND_HINT_NS > 0) {
-    while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity, MEGAMOE_BARRIER_SUSPEND_HINT_NS)) {
-    }
-  } else {
-    while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
-    }
+  while (!cuda::ptx::mbarrier_try_wait_parity(barrier, parity)) {
   }
 }
 __device__ __forceinline__ void barrier_arrive(uint64_t* barrier) { cuda::ptx::mbarrier_arrive(barrier); }
