@@ -72,6 +72,11 @@ struct MegaScratch final : MoeWorkspace::Shared {
   }
 };
 
+// The path heuristic's threshold for this weight format (mega_path_heuristics.h).
+int64_t fused_max_rows(WeightFormat format) {
+  return mega_fused_max_rows_per_expert(format == WeightFormat::kNvfp4 || format == WeightFormat::kMxfp4);
+}
+
 MegaFormat mega_format(WeightFormat format) {
   switch (format) {
     case WeightFormat::kBf16: return MegaFormat::kBf16;
@@ -170,7 +175,8 @@ class MegaBackend final : public MoeBackend {
     const std::string split_why = staged_reject_reason(config, R);
     MEGAMOE_CHECK(path_mode_ != MegaPathMode::kSplit || split_why.empty(),
                   "backend mega: path split (MEGAMOE_MEGA_PATH) cannot run this configuration: ", split_why);
-    if (split_why.empty() && mega_split_reachable(path_mode_, C, config.top_k, local_experts_))
+    if (split_why.empty() &&
+        mega_split_reachable(path_mode_, C, config.top_k, local_experts_, fused_max_rows(config.weight_format)))
       split_scratch_ = acquire_staged_scratch(*workspace, config, *ep);  // collective on first use
 
     // Shared fields (window, counters, epoch, grouped rows, act) from the region; the rest is this layer's.
@@ -283,7 +289,8 @@ class MegaBackend final : public MoeBackend {
                   "inputs.max_tokens_any_rank = ", any_rank, " must be >= this rank's T = ", T,
                   " and <= max_tokens_per_rank = ", config_.max_tokens_per_rank, " (or -1)");
     const int64_t agreed = mega_agreed_tokens(ep_->size(), T, any_rank, config_.max_tokens_per_rank);
-    MegaPath path = choose_mega_path(path_mode_, agreed, config_.top_k, local_experts_);
+    MegaPath path =
+        choose_mega_path(path_mode_, agreed, config_.top_k, local_experts_, fused_max_rows(config_.weight_format));
     if (!split_scratch_) path = MegaPath::kFused;  // staged cannot run it, or no forward reaches split
     forward_on(path, in, out, stream);
   }

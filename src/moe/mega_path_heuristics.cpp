@@ -45,18 +45,23 @@ int64_t mega_agreed_tokens(int ranks, int64_t tokens, int64_t max_tokens_any_ran
   return 0;        // the fused kernel
 }
 
-MegaPath choose_mega_path(MegaPathMode mode, int64_t agreed_tokens, int top_k, int local_experts) {
-  if (mode == MegaPathMode::kFused) return MegaPath::kFused;
-  if (mode == MegaPathMode::kSplit) return MegaPath::kSplit;
-  return mega_rows_per_local_expert(agreed_tokens, top_k, local_experts) <= kMegaFusedMaxRowsPerExpert
-             ? MegaPath::kFused
-             : MegaPath::kSplit;
+int64_t mega_fused_max_rows_per_expert(bool w4a8_weights) {
+  return w4a8_weights ? kMegaFusedMaxRowsPerExpertW4a8 : kMegaFusedMaxRowsPerExpert;
 }
 
-bool mega_split_reachable(MegaPathMode mode, int64_t capacity, int top_k, int local_experts) {
+MegaPath choose_mega_path(MegaPathMode mode, int64_t agreed_tokens, int top_k, int local_experts,
+                          int64_t fused_max_rows) {
+  if (mode == MegaPathMode::kFused) return MegaPath::kFused;
+  if (mode == MegaPathMode::kSplit) return MegaPath::kSplit;
+  if (agreed_tokens <= 0) return MegaPath::kFused;
+  return mega_rows_per_local_expert(agreed_tokens, top_k, local_experts) <= fused_max_rows ? MegaPath::kFused
+                                                                                          : MegaPath::kSplit;
+}
+
+bool mega_split_reachable(MegaPathMode mode, int64_t capacity, int top_k, int local_experts, int64_t fused_max_rows) {
   // The agreed count never exceeds the capacity (forward checks max_tokens_any_rank against it), and
   // the heuristic is monotone in it.
-  return choose_mega_path(mode, capacity, top_k, local_experts) == MegaPath::kSplit;
+  return choose_mega_path(mode, capacity, top_k, local_experts, fused_max_rows) == MegaPath::kSplit;
 }
 
 }  // namespace megamoe

@@ -14,6 +14,15 @@
 // hides the latency that dominates there); the staged pipeline wins from ~128 rows up (its grouped
 // GEMMs run larger, better-fed tiles). The crossover lies between 16 and 128 rows; the default
 // threshold 32 is the geometric middle-ish first guess, to be refined with `--mega-path both`.
+// W4A8 (session 9, `--mega-path both`, dsv3 nvfp4, 2 ranks, after the standalone W4A8 kernels' v3/v4):
+//                     tokens/rank  rows/local expert   fused    split
+//   dsv3 nvfp4            128             8             1761     1609
+//                         512            32             1871     1661
+//                        2048           128             4258     3475
+// the split path wins at every size (the standalone W4A8 GEMMs stage their scales in shared memory and
+// GEMM 1 runs the four-warpgroup small-M kernel; the fused kernel has neither), so W4A8 layers take it
+// from one row per local expert up (kMegaFusedMaxRowsPerExpertW4a8 = 0; below one row, unmeasured,
+// and without an agreed count: fused).
 #pragma once
 
 #include <cstdint>
@@ -26,8 +35,12 @@ enum class MegaPath : uint8_t { kFused, kSplit };
 // kAuto: the heuristic below; kFused / kSplit: always that path.
 enum class MegaPathMode : uint8_t { kAuto, kFused, kSplit };
 
-// Fused when the estimated rows per local expert <= this, split above.
+// Fused when the estimated rows per local expert <= this, split above: FP8 and BF16 weights, and W4A8
+// (nvfp4, mxfp4) weights (mega_fused_max_rows_per_expert picks by format).
 constexpr int64_t kMegaFusedMaxRowsPerExpert = 32;
+constexpr int64_t kMegaFusedMaxRowsPerExpertW4a8 = 0;
+// kMegaFusedMaxRowsPerExpertW4a8 for W4A8 formats, else kMegaFusedMaxRowsPerExpert.
+int64_t mega_fused_max_rows_per_expert(bool w4a8_weights);
 
 const char* mega_path_name(MegaPath path);            // "fused" / "split"
 const char* mega_path_mode_name(MegaPathMode mode);   // "auto" / "fused" / "split"
@@ -61,10 +74,13 @@ int64_t mega_rows_per_local_expert(int64_t tokens, int top_k, int local_experts)
 // capacity makes the split path reachable (mega_split_reachable), since a caller may pass it.
 int64_t mega_agreed_tokens(int ranks, int64_t tokens, int64_t max_tokens_any_rank, int64_t capacity);
 
-// The path of a forward whose agreed token count is `agreed_tokens`.
-MegaPath choose_mega_path(MegaPathMode mode, int64_t agreed_tokens, int top_k, int local_experts);
+// The path of a forward whose agreed token count is `agreed_tokens` (agreed <= 0 -> fused for any
+// threshold: no agreed count, or no tokens). fused_max_rows: mega_fused_max_rows_per_expert(format).
+MegaPath choose_mega_path(MegaPathMode mode, int64_t agreed_tokens, int top_k, int local_experts,
+                          int64_t fused_max_rows = kMegaFusedMaxRowsPerExpert);
 // Whether any forward of a layer with this capacity can take the split path, i.e. whether the layer
 // needs the staged pipeline's scratch (the EP dispatcher's window and buffers, docs/mega.md "Split path").
-bool mega_split_reachable(MegaPathMode mode, int64_t capacity, int top_k, int local_experts);
+bool mega_split_reachable(MegaPathMode mode, int64_t capacity, int top_k, int local_experts,
+                          int64_t fused_max_rows = kMegaFusedMaxRowsPerExpert);
 
 }  // namespace megamoe

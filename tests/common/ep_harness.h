@@ -687,6 +687,13 @@ inline int reference_combine_ranks(const MoeBackend& backend, int ranks) {
   return backend.name() == "mega" && backend.last_forward_path() != "split" ? 1 : ranks;
 }
 
+// The rows per local expert up to which `mega[auto]` is expected to run the fused kernel, by weight format
+// (mega_path_heuristics.h, written out here rather than read from it): FP8 / BF16 32, W4A8 0 (split from
+// one row per local expert up, the rows rounded down).
+inline int64_t expected_fused_max_rows(WeightFormat format) {
+  return format == WeightFormat::kNvfp4 || format == WeightFormat::kMxfp4 ? 0 : 32;
+}
+
 // make_backend, plus "mega[fused]" / "mega[split]" / "mega[auto]": `mega` with that path mode
 // (src/moe/mega_path_heuristics.h) whatever MEGAMOE_MEGA_PATH says.
 inline std::unique_ptr<MoeBackend> make_test_backend(const std::string& name, const MoeConfig& c, EpGroup* group,

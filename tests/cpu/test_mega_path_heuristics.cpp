@@ -34,6 +34,19 @@ TEST(MegaPathHeuristics, AutoPicksFusedUpToTheThresholdAndSplitAbove) {
   EXPECT_EQ(choose_mega_path(MegaPathMode::kAuto, kMegaFusedMaxRowsPerExpert * 8, 8, 64), MegaPath::kFused);
   EXPECT_EQ(choose_mega_path(MegaPathMode::kAuto, kMegaFusedMaxRowsPerExpert * 8 + 8, 8, 64), MegaPath::kSplit);
   EXPECT_EQ(choose_mega_path(MegaPathMode::kAuto, 0, 8, 64), MegaPath::kFused) << "zero tokens";
+  // W4A8: split from one row per local expert (tokens * top_k / local experts, rounded down) up
+  // (measured: split faster at 8, 32 and 128 rows); below that, and with no agreed count, fused.
+  const int64_t w4a8 = mega_fused_max_rows_per_expert(true);
+  EXPECT_EQ(w4a8, kMegaFusedMaxRowsPerExpertW4a8);
+  EXPECT_EQ(mega_fused_max_rows_per_expert(false), kMegaFusedMaxRowsPerExpert);
+  for (int64_t tokens : {16, 128, 512, 8192})
+    EXPECT_EQ(choose_mega_path(MegaPathMode::kAuto, tokens, 8, 128, w4a8), MegaPath::kSplit) << tokens;
+  for (int64_t tokens : {1, 8, 15})
+    EXPECT_EQ(choose_mega_path(MegaPathMode::kAuto, tokens, 8, 128, w4a8), MegaPath::kFused) << tokens;
+  EXPECT_EQ(choose_mega_path(MegaPathMode::kAuto, 0, 8, 128, w4a8), MegaPath::kFused) << "no agreed count";
+  EXPECT_EQ(choose_mega_path(MegaPathMode::kFused, 512, 8, 128, w4a8), MegaPath::kFused);
+  EXPECT_TRUE(mega_split_reachable(MegaPathMode::kAuto, 128, 8, 128, w4a8));
+  EXPECT_FALSE(mega_split_reachable(MegaPathMode::kFused, 8192, 8, 128, w4a8));
   // Forced modes ignore the size.
   for (int64_t tokens : {0, 1, 128, 8192}) {
     EXPECT_EQ(choose_mega_path(MegaPathMode::kFused, tokens, 8, 64), MegaPath::kFused) << tokens;
