@@ -4,10 +4,10 @@
 # weights) and measures it against v1 side by side. Prebuilt by scripts/prebuild.sh bf16-v2, its tracked
 # files copied to .xfer/bf16-v2; carry both; run from the shipped checkout's root:
 #   OUT=$OUT bash .xfer/bf16-v2/scripts/gpu_bf16_v2.sh
-# Steps: GroupedGemmBf16.* (v2 vs reference and bit-identical to v1), the staged / mega BF16 tests the
-# packing change touches, compute-sanitizer memcheck of GroupedGemmBf16.V2SanitizerSmall, then
-# `megamoe bench gemm --format bf16 --bf16-v2 both` for dsv3 and qwen3-30b at 1024 / 4096 rows per expert
-# (v1 main columns, v2 right after it, cuBLAS BF16 in the same run); a table last.
+# Steps: GroupedGemmBf16.* (v2 vs reference and bit-identical to v1), `megamoe bench gemm --format bf16
+# --bf16-v2 both` for dsv3 and qwen3-30b at 1024 / 4096 rows per expert (v1 main columns, v2 right after
+# it, cuBLAS BF16 in the same run), compute-sanitizer memcheck of GroupedGemmBf16.V2SanitizerSmall, the
+# staged / mega BF16 tests the packing change touches; a table last.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +15,7 @@ source "$here/scripts/use_prebuilt.sh" bf16-v2 "$here" >/dev/null || exit 1
 B=$PREBUILT; T=$B/tests; summary=(); start=$(date +%s)
 pack() { tar -czf "$out/bf16_v2.tgz" -C "$logs" . 2>/dev/null; }
 step() {
-  local name=$1 limit=$2; shift 2; local t0=$(date +%s) rc=0 left=$(( 280 - ($(date +%s) - start) ))
+  local name=$1 limit=$2; shift 2; local t0=$(date +%s) rc=0 left=$(( 240 - ($(date +%s) - start) ))
   [ "$left" -lt 15 ] && { summary+=("$name|skipped|-"); return 1; }
   [ "$limit" -gt "$left" ] && limit=$left
   timeout "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
@@ -25,19 +25,21 @@ step() {
 }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
 step test_bf16 60 "$T/megamoe_tests_gpu" --gtest_filter='GroupedGemmBf16.*'
-step test_staged_mega 70 "$T/megamoe_tests_gpu" \
-  --gtest_filter='EpSingle.StagedMatchesReference:MegaSingle.*/bf16:StagedPhaseTiming.*:MoeWorkspaceSplit.*'
-step memcheck 60 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$T/megamoe_tests_gpu" \
-  --gtest_filter='GroupedGemmBf16.V2SanitizerSmall'
-step bench 90 "$B/megamoe" bench gemm --format bf16 --bf16-v2 both --models dsv3 qwen3-30b --rows 1024 4096 \
+step bench 75 "$B/megamoe" bench gemm --format bf16 --bf16-v2 both --models dsv3 qwen3-30b --rows 1024 4096 \
   --repeats 10 --json "$logs/bench_bf16_v2.json"
+step memcheck 45 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$T/megamoe_tests_gpu" \
+  --gtest_filter='GroupedGemmBf16.V2SanitizerSmall'
+step test_staged_mega 60 "$T/megamoe_tests_gpu" \
+  --gtest_filter='EpSingle.StagedMatchesReference:MegaSingle.*/bf16:StagedPhaseTiming.*:MoeWorkspaceSplit.*'
 grep -hE "^\[  (PASSED|FAILED) " "$logs"/test_*.log "$logs"/memcheck.log 2>/dev/null | sort | uniq -c
 grep -hE "ERROR SUMMARY" "$logs/memcheck.log" 2>/dev/null
 python3 - "$logs/bench_bf16_v2.json" <<'PY'
 import json, os, sys
 p = sys.argv[1]
 if not os.path.exists(p):
-    print("no bench JSON"); sys.exit(0)
+    print("no bench JSON (killed?); bench.log:")
+    print(open(os.path.join(os.path.dirname(p), "bench.log")).read()[-3000:])
+    sys.exit(0)
 rows = json.load(open(p))
 print("\n%-10s %5s %5s | %8s %8s %6s | %8s | %6s %6s" % ("model", "rows", "gemm", "v1 TF/s", "v2 TF/s", "v2/v1",
                                                       "cuBLAS", "v1/cuB", "v2/cuB"))
