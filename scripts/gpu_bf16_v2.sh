@@ -6,7 +6,7 @@
 #   OUT=$OUT bash .xfer/bf16-v2/scripts/gpu_bf16_v2.sh
 # Steps: GroupedGemmBf16.* (v2 vs reference and bit-identical to v1), `megamoe bench gemm --format bf16
 # --bf16-v2 both` for dsv3 and qwen3-30b at 1024 / 4096 rows per expert (v1 main columns, v2 right after
-# it, cuBLAS BF16 in the same run), compute-sanitizer memcheck of GroupedGemmBf16.V2SanitizerSmall, the
+# it, cuBLAS BF16 in the same run; also 32 / 128 rows: the small-group risk of v2 GEMM 1), compute-sanitizer memcheck of GroupedGemmBf16.V2SanitizerSmall, the
 # staged / mega BF16 tests the packing change touches; a table last.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
@@ -25,7 +25,7 @@ step() {
 }
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.sm --format=csv >"$logs/gpu.txt" 2>&1
 step test_bf16 60 "$T/megamoe_tests_gpu" --gtest_filter='GroupedGemmBf16.*'
-step bench 75 "$B/megamoe" bench gemm --format bf16 --bf16-v2 both --models dsv3 qwen3-30b --rows 1024 4096 \
+step bench 75 "$B/megamoe" bench gemm --format bf16 --bf16-v2 both --models dsv3 qwen3-30b --rows 32 128 1024 4096 \
   --repeats 10 --json "$logs/bench_bf16_v2.json"
 step memcheck 45 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$T/megamoe_tests_gpu" \
   --gtest_filter='GroupedGemmBf16.V2SanitizerSmall'
