@@ -227,6 +227,12 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   const std::pair<const char*, kernels::Fp8GemmSchedule> other_schedules[] = {
       {"pingpong", kernels::Fp8GemmSchedule::kPingPong}, {"overlap", kernels::Fp8GemmSchedule::kOverlap}};
   const bool bf16 = options.format == "bf16";
+  MEGAMOE_CHECK(options.bf16_v2 == "auto" || options.bf16_v2 == "off" || options.bf16_v2 == "on" ||
+                    options.bf16_v2 == "both",
+                "--bf16-v2 = '", options.bf16_v2, "' must be auto, off, on or both");
+  // BF16 main column: v2 = -1 / 0 / 1 (GEMM 2) and the GEMM-1 packing that goes with it.
+  const int bf16_main_v2 = options.bf16_v2 == "on" ? 1 : options.bf16_v2 == "auto" ? -1 : 0;
+  const bool bf16_main_interleaved = bf16_main_v2 == 1 || (bf16_main_v2 == -1 && bf16 && kernels::bf16_gemm_v2_default());
   const int fp4_group = options.format == "nvfp4" ? 16 : options.format == "mxfp4" ? 32 : 0;
   const WeightFormat w4a8_format = fp4_group == 16 ? WeightFormat::kNvfp4 : WeightFormat::kMxfp4;
   const int max_rows = *std::max_element(options.rows_per_expert.begin(), options.rows_per_expert.end());
@@ -344,8 +350,14 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.num_experts = static_cast<int>(E);
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
-          args.rows_per_expert_hint = rows;
+          args.rows_per_expert_hint = hint;
+          // The random weight bytes are read as either layout: the timing does not depend on their order.
+          args.packing = bf16_main_interleaved ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_bf16(args, nullptr); });
+          if (options.bf16_v2 == "both") {
+            args.packing = kernels::GemmRole::kGateUpInterleaved8;
+            p.schedule_us.emplace_back("v2", timer.median_us([&] { kernels::grouped_gemm1_bf16(args, nullptr); }));
+          }
         } else if (bf16) {
           kernels::GroupedGemm2Bf16Args args;
           args.a = h.as<uint16_t>();
@@ -356,8 +368,13 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.num_experts = static_cast<int>(E);
           args.hidden = static_cast<int>(H);
           args.intermediate = static_cast<int>(I);
-          args.rows_per_expert_hint = rows;
+          args.rows_per_expert_hint = hint;
+          args.v2 = bf16_main_v2;
           p.us = timer.median_us([&] { kernels::grouped_gemm2_bf16(args, nullptr); });
+          if (options.bf16_v2 == "both") {
+            args.v2 = 1;
+            p.schedule_us.emplace_back("v2", timer.median_us([&] { kernels::grouped_gemm2_bf16(args, nullptr); }));
+          }
         } else if (which == 1) {
           kernels::GroupedGemm1Fp8Args args;
           args.a = x.as<uint8_t>();
@@ -468,6 +485,13 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                            {"cublas_bf16_us", p.cublas_bf16_us},
                            {"cublas_bf16_tflops", p.flops() / p.cublas_bf16_us * 1e-6},
                            {"ratio_vs_cublas_bf16", p.cublas_bf16_us / p.us}});
+        records.back()["kernel"] = options.bf16_v2 == "on" ? "v2" : options.bf16_v2 == "auto" ? "auto" : "v1";
+        for (const auto& [name, us] : p.schedule_us) {
+          records.back()[name + "_us"] = us;
+          records.back()[name + "_tflops"] = p.flops() / us * 1e-6;
+          records.back()[name + "_speedup_vs_main"] = p.us / us;
+          records.back()[name + "_ratio_vs_cublas_bf16"] = p.cublas_bf16_us / us;
+        }
         continue;
       }
       records.push_back({{"format", p.fp4_group == 16 ? "nvfp4" : p.fp4_group == 32 ? "mxfp4" : "fp8_block"},

@@ -24,8 +24,9 @@
 //          packed row 256*j + 128 + i = up   row 128*j + i
 //          so one 256-row N tile holds the gate and the up rows of the same 128 outputs.
 //   scales [E, 2I/128, H/128] FP32, packed block 2j = gate block j, 2j+1 = up block j.
-// GEMM 1, v9 layout (role kGateUpInterleaved8, FP8 block only; the v9 kernel, docs/grouped_gemm.md "v9"):
-//   data   [E, 2I, H] E4M3, K-major; inside each 256-row N tile j the tile's 128 gate and 128 up rows
+// GEMM 1, v9 layout (role kGateUpInterleaved8: FP8 block for the v9 kernel, docs/grouped_gemm.md "v9";
+// BF16 for the BF16 v2 GEMM-1 kernel, the same row order of bf16 rows, no scales):
+//   data   [E, 2I, H] E4M3 (or BF16), K-major; inside each 256-row N tile j the tile's 128 gate and 128 up rows
 //          are interleaved by 8:  packed row 256*j + 16*m + i     = gate row 128*j + 8*m + i   (i < 8)
 //                                 packed row 256*j + 16*m + 8 + i = up   row 128*j + 8*m + i   (m < 16)
 //          so an m64n128 wgmma fragment holds gate (8-column groups j even) and up (j odd) of the same
@@ -154,7 +155,11 @@ void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t strea
 
 // ---- BF16 x BF16 (src/kernels/sm90_bf16_grouped_gemm.cuh, API in grouped_gemm_bf16.cu) ----------
 // Activations bf16 [m_capacity, K] row-major; weights bf16 [E, N, K] K-major in the same packed layout
-// as FP8 (pack_expert_weights with kBf16: W13 gate/up interleaved by 128 rows, W2 canonical), no scales.
+// as FP8 (pack_expert_weights with kBf16: W13 gate/up interleaved by 128 rows (kGateUp) or by 8 rows
+// (kGateUpInterleaved8, the BF16 v2 GEMM-1 kernel), W2 canonical), no scales.
+// BF16 v2 (docs/grouped_gemm.md "BF16 v2"): wide 128 x 256 tiles (wgmma m64n256k16) and bulk-store
+// epilogues. GEMM 2 / plain: `v2` picks it (-1: MEGAMOE_BF16_GEMM_V2=0/1, else bf16_gemm_v2_default());
+// GEMM 1: the weights' `packing` picks it (kGateUpInterleaved8 = v2); bit-identical outputs either way.
 // FP32 tensor-core accumulation, no promotion step. Epilogues (docs/reference.md steps 4-6):
 //   GEMM 1: out[r, j] = bf16_rn(act(g, u) [* topk_weights[r]]), act in fp32 exactly as the reference
 //           orders it: silu (g / (1 + expf(-g))) * u; clamped (gc * (1 / (1 + expf(-(alpha gc))))) * (uc + 1).
@@ -170,6 +175,9 @@ struct GroupedGemm1Bf16Args {
   int num_experts = 0, hidden = 0, intermediate = 0;
   Activation activation{};
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
+  // How `weights` were packed, which picks the kernel: kGateUp = the split-N tiles (v1),
+  // kGateUpInterleaved8 = BF16 v2 (split-M 128 x 256, every rows hint). Anything else: megamoe::Error.
+  GemmRole packing = GemmRole::kGateUp;
 };
 void grouped_gemm1_bf16(const GroupedGemm1Bf16Args& args, cudaStream_t stream);
 
@@ -182,6 +190,7 @@ struct GroupedGemm2Bf16Args {
   int64_t m_capacity = 0;
   int num_experts = 0, hidden = 0, intermediate = 0;
   int rows_per_expert_hint = 0;
+  int v2 = -1;                          // 0: v1 tiles, 1: BF16 v2, -1: MEGAMOE_BF16_GEMM_V2 / the default
 };
 void grouped_gemm2_bf16(const GroupedGemm2Bf16Args& args, cudaStream_t stream);
 
@@ -194,8 +203,14 @@ struct GroupedGemmBf16Args {
   int64_t m_capacity = 0;
   int num_experts = 0, n = 0, k = 0;
   int rows_per_expert_hint = 0;
+  int v2 = -1;                          // as GroupedGemm2Bf16Args::v2
 };
 void grouped_gemm_bf16(const GroupedGemmBf16Args& args, cudaStream_t stream);
+
+// Whether BF16 v2 is on when not requested per call: the environment variable MEGAMOE_BF16_GEMM_V2
+// ("0" / "1"; anything else: megamoe::Error), else the heuristic (sm90_gemm_heuristics.h,
+// prefer_bf16_v2). The staged backend packs BF16 W13 with kGateUpInterleaved8 when this is true.
+bool bf16_gemm_v2_default();
 
 // ---- W4A8: NVFP4 / MXFP4 weights x FP8 activations (src/kernels/sm90_w4a8_grouped_gemm.cuh, API in
 // grouped_gemm_w4a8.cu, layout transform in grouped_gemm_w4a8_layout.cpp, docs/grouped_gemm.md "W4A8") --

@@ -38,8 +38,7 @@ void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole rol
   const int64_t blocks = intermediate / 128;
   if (role == GemmRole::kGateUpInterleaved8) {
     // v9 (grouped_gemm.h): rows of tile j in runs of 8: gate 8m..8m+7 then up 8m..8m+7 of block j.
-    MEGAMOE_CHECK(canonical.format == WeightFormat::kFp8Block, "GemmRole::kGateUpInterleaved8 (v9 GEMM-1 layout) is ",
-                  "for fp8_block weights only, got ", weight_format_name(canonical.format));
+    // fp8_block (v9) and bf16 (BF16 v2): packed_weight_bytes above admits only these two formats.
     const uint8_t* source = canonical.data.data();
     for (int64_t packed_row = 0; packed_row < canonical.rows; ++packed_row) {
       const int64_t j = packed_row / 256, in_tile = packed_row % 256;
@@ -47,7 +46,7 @@ void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole rol
       const int64_t source_row = half * intermediate + 128 * j + 8 * (in_tile / 16) + in_tile % 8;
       std::memcpy(data_out + packed_row * row_bytes, source + source_row * row_bytes, row_bytes);
     }
-    for (int64_t j = 0; j < blocks; ++j)  // scales as kGateUp: 2j = gate block j, 2j + 1 = up block j
+    for (int64_t j = 0; j < blocks && size.scale_count; ++j)  // scales as kGateUp: 2j = gate, 2j + 1 = up block j
       for (int half = 0; half < 2; ++half)
         std::memcpy(scales_out + (2 * j + half) * k_blocks, canonical.block_scales.data() + (half * blocks + j) * k_blocks,
                     k_blocks * sizeof(float));

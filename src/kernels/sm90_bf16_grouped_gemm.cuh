@@ -14,6 +14,11 @@
 // (GroupedGemmLayout / Fp8GemmShared), the producer (produce_fp8_tile, which only moves bytes) and the
 // BF16 store epilogues are the FP8 file's; a stage is 4 wgmma m64n128k16.
 //
+// BF16 v2 (docs/grouped_gemm.md "BF16 v2"): the plain epilogue may go through shared memory and bulk
+// copies (kStagingRows > 0, store_bf16_epilogue_bulk), and sm90_bf16_wide_grouped_gemm_kernel (end of
+// this file) runs split-M 128 x 256 tiles with one wgmma m64n256k16 per 16 K per math warpgroup, for GEMM 2
+// and for GEMM 1 on gate/up-interleaved-by-8 weights (in-thread SwiGLU).
+//
 // The pieces specific to BF16 (the math mainloop of one tile, the SwiGLU epilogue to BF16) are device
 // functions so that the fused MegaMoE kernel (sm90_mega_moe.cuh, BF16 variant) runs the very same GEMM
 // code on its own tile sequence; sm90_bf16_grouped_gemm_kernel below is the standalone user.
@@ -44,6 +49,9 @@ namespace megamoe::kernels::sm90 {
 enum class Bf16Epilogue : int {
   kStoreBf16,   // out[r, n] = bf16(acc)
   kSwigluBf16,  // split-N only: gate (math warpgroup 0) x up (math warpgroup 1) -> bf16 [rows, n/2]
+  // BF16 v2 (docs/grouped_gemm.md "BF16 v2"): split-M 128 x 256 wide tiles on weights packed gate/up
+  // interleaved by 8 rows (GemmRole::kGateUpInterleaved8); every thread finishes its own outputs.
+  kSwigluInterleavedBf16,
 };
 
 struct Bf16GroupedGemmParams {
@@ -59,10 +67,13 @@ constexpr int kBf16StageK = kBlockK / 2;  // elements of K per stage (kBlockK is
 
 // The FP8 layout's shared-memory carve-up (a BF16 stage is the same 128-byte rows); the SwiGLU variant
 // keeps its kExchangeRegisters-at-a-time gate/up exchange buffer.
-template <int kWarpgroupsM, int kSubTilesM, int kStages, Bf16Epilogue kEpilogue>
+// kStagingRows > 0 (kStoreBf16 only; BF16 v2): the FP8 kernel's BF16 staging region for
+// store_bf16_epilogue_bulk (standalone_bf16_staging_rows: 64 rows where that fits at kMaxExperts, else 32).
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Bf16Epilogue kEpilogue, int kStagingRows = 0>
 using Bf16GroupedGemmLayout =
     GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages,
-                      kEpilogue == Bf16Epilogue::kSwigluBf16 ? Epilogue::kSwigluQuantFp8 : Epilogue::kStoreBf16>;
+                      kEpilogue == Bf16Epilogue::kSwigluBf16 ? Epilogue::kSwigluQuantFp8 : Epilogue::kStoreBf16,
+                      kStagingRows>;
 
 // docs/reference.md step 4, in that order (fp32, expf, IEEE division; no contraction possible).
 __device__ __forceinline__ float reference_activation(float gate, float up, int kind, float limit, float alpha) {
@@ -165,13 +176,16 @@ __device__ __forceinline__ void swiglu_bf16_epilogue(float (&accumulator)[Layout
 }
 
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
-template <int kWarpgroupsM, int kSubTilesM, int kStages, Bf16Epilogue kEpilogue>
+// kStagingRows = 0: v1 (direct 4-byte stores); > 0 (kStoreBf16, BF16 v2): store_bf16_epilogue_bulk.
+template <int kWarpgroupsM, int kSubTilesM, int kStages, Bf16Epilogue kEpilogue, int kStagingRows = 0>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_bf16_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                   const __grid_constant__ CUtensorMap b_map, const Bf16GroupedGemmParams params) {
-  using Layout = Bf16GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue>;
+  using Layout = Bf16GroupedGemmLayout<kWarpgroupsM, kSubTilesM, kStages, kEpilogue, kStagingRows>;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN;
   static_assert(kEpilogue != Bf16Epilogue::kSwigluBf16 || kWarpgroupsM == 1, "SwiGLU epilogue needs split-N");
+  static_assert(kEpilogue != Bf16Epilogue::kSwigluInterleavedBf16, "v2 GEMM 1: sm90_bf16_wide_grouped_gemm_kernel");
+  static_assert(kStagingRows == 0 || kEpilogue == Bf16Epilogue::kStoreBf16, "bulk stores: plain epilogue only");
 
   extern __shared__ uint8_t shared_raw[];
   const Fp8GemmShared<Layout> smem(shared_raw);
@@ -218,7 +232,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
     bf16_tile_mainloop<Layout>(accumulator, smem, k_blocks, wg_m, wg_n, cursor);
-    if constexpr (kEpilogue == Bf16Epilogue::kStoreBf16) {
+    if constexpr (kEpilogue == Bf16Epilogue::kStoreBf16 && kStagingRows > 0) {
+      __nv_bfloat16* const out = params.out;
+      const int out_cols = params.n;
+      store_bf16_epilogue_bulk<kSubTilesM, kStagingRows>(
+          accumulator, smem.bf16_staging + math_wg * kStagingRows * kBf16StagingPitch,
+          t.m0 + wg_m * Layout::kRowsPerWarpgroup, t.m_end, t.n_tile * kBlockN + wg_n * 128,
+          [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+    } else if constexpr (kEpilogue == Bf16Epilogue::kStoreBf16) {
       store_bf16_epilogue(accumulator, where, t.n_tile * kBlockN + wg_n * 128 + 2 * (lane % 4),
                           [&](int row) { return params.out + static_cast<int64_t>(row) * params.n; });
     } else {
@@ -227,6 +248,227 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                           params.alpha);
     }
   }
+  if constexpr (kStagingRows > 0) bulk_wait_all();  // store_bf16_epilogue_bulk NOTES
+}
+
+// ---- BF16 v2: wide split-M tiles, wgmma m64n256k16 (docs/grouped_gemm.md "BF16 v2") ------------------
+// Tile 128 x 256: math warpgroup w computes tile rows [64 w, 64 w + 64) x all 256 columns with one
+// wgmma m64n256k16 per 16 K (128 FP32 accumulators per thread, float[2][64]: [h] = the m64n128 fragment
+// of columns [128 h, 128 h + 128), wgmma_m64n256k16_bf16 NOTES). Both warpgroups read the same B stage.
+// Shared-memory operand traffic per 16 K and warpgroup: A 2 KiB + B 8 KiB per 128 tensor-core cycles
+// (80 B/cycle) vs m64n128k16's 2 + 4 KiB per 64 cycles (96 B/cycle).
+// Epilogues: kStoreBf16 (GEMM 2 / plain: each 128-column half through store_bf16_epilogue_bulk) and
+// kSwigluInterleavedBf16 (GEMM 1 on kGateUpInterleaved8 weights: act(gate, up) in-thread, then one
+// 128-column output half through store_bf16_epilogue_bulk).
+//
+// Byte budget (kStages = 4, kStagingRows = 32, kMaxExperts = 1024; the limit is 227 KiB = 232,448 B):
+//   4 x (A 16,384 + B 32,768)           196,608
+//   staging 2 x 32 x 272                 17,408   (64 rows would be 34,816: 244,812 in all, over)
+//   full/empty mbarriers 2 x 4 x 8           64
+//   ExpertTileTable 3 x 4 x 1025         12,300
+//   alignment slack                       1,024
+//   total                               227,404   (5,044 B to spare)
+template <int kStages, int kStagingRows>
+struct Bf16WideLayout {
+  static constexpr int kWarpgroupsMValue = 2;
+  static constexpr int kSubTiles = 1;
+  static constexpr int kStageCount = kStages;
+  static constexpr int kRowsPerWarpgroup = 64;
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 256;
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kBBytes = kBlockN * kBlockK;
+  static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
+  static_assert(kStagingRows == 32 || kStagingRows == 64, "store_bf16_epilogue_bulk chunks");
+  static constexpr int kStagingRowsValue = kStagingRows;
+  static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
+  static constexpr int kStagingOffset = kTilesBytes;
+  static_assert(kStagingOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
+  static constexpr bool kScalesInShared = false;  // (Fp8GemmShared's interface; BF16 has no scales)
+  static constexpr int kScalesOffset = kTilesBytes + kStagingBytes;
+  static constexpr int kBarrierOffset = kScalesOffset;
+  static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int shared_bytes(int num_experts) { return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts); }
+};
+constexpr int kBf16WideStages = 4;
+constexpr int kBf16WideStagingRows = 32;
+using Bf16WideStandaloneLayout = Bf16WideLayout<kBf16WideStages, kBf16WideStagingRows>;
+static_assert(Bf16WideStandaloneLayout::shared_bytes(kMaxExperts) == 227404, "the byte budget above");
+static_assert(Bf16WideStandaloneLayout::shared_bytes(kMaxExperts) <= kSharedBytesPerCta, "BF16 v2 tile overflows 227 KiB");
+static_assert(Bf16WideLayout<kBf16WideStages, 64>::shared_bytes(kMaxExperts) > kSharedBytesPerCta,
+              "64 staging rows fit: use them (one bulk-read wait per 64 rows instead of per 32)");
+
+// Math warpgroup, BF16 v2: the full K loop of one wide tile into `accumulator` (overwritten: the first
+// wgmma of the tile does not accumulate). Same pipeline protocol as bf16_tile_mainloop (one wgmma group
+// in flight, stage s released once the group of s + 1 is issued and s's has retired). active = false
+// (the tile holds no row of the expert in this warpgroup's 64 rows, active_sub_tiles): every stage is
+// still waited on `full` and released on `empty` exactly once, without MMAs; the accumulators are then
+// garbage and the caller stores nothing.
+// NOTES: waiting `full` before the release keeps the `empty` arrivals of this warpgroup in step with
+// the other's (an early arrival for the next use of a stage would complete the current phase with the
+// other warpgroup still reading it).
+template <class Layout>
+__device__ __forceinline__ void bf16_wide_tile_mainloop(float (&accumulator)[2][64], const Fp8GemmShared<Layout>& smem,
+                                                        int k_blocks, int wg_m, bool active,
+                                                        PipelineCursor<Layout::kStageCount>& cursor) {
+  const int lane = threadIdx.x % 32;
+  if (!active) {
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      barrier_wait(&smem.full[cursor.stage], cursor.phase);
+      if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+      cursor.advance();
+    }
+    return;
+  }
+  // Descriptor start-address words of stage 0 (v7 style: stage, k-step are constant adds).
+  const uint32_t a_descriptor0 =
+      kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
+  const uint32_t b_descriptor0 = kmajor_sw128_descriptor_low(smem_address(smem.b_tiles));
+  int previous_stage = 0;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.full[cursor.stage], cursor.phase);
+    const uint32_t a_low = a_descriptor0 + cursor.stage * (Layout::kABytes >> 4);
+    const uint32_t b_low = b_descriptor0 + cursor.stage * (Layout::kBBytes >> 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(accumulator[h][i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k_step = 0; k_step < kBf16StageK / 16; ++k_step)  // 16 bf16 = 32 bytes per wgmma
+      wgmma_m64n256k16_bf16(accumulator, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                            sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), (kb > 0 || k_step > 0) ? 1u : 0u);
+    wgmma_commit();
+    if (kb > 0) {  // the previous stage's group has retired: its shared memory may be refilled
+      wgmma_wait<1>();
+      if (lane == 0) barrier_arrive(&smem.empty[previous_stage]);
+    }
+    previous_stage = cursor.stage;
+    cursor.advance();
+  }
+  wgmma_wait<0>();
+  if (lane == 0 && k_blocks > 0) barrier_arrive(&smem.empty[previous_stage]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(accumulator[h][i]);
+}
+
+// BF16 v2 GEMM-1 activation (kGateUpInterleaved8 weights, grouped_gemm.h): the wide accumulator holds,
+// per fragment register, packed column 128 h + 8 j + 2 q + c of the tile (q = lane % 4), and the packing
+// puts gate of output column 64 h + 8 p + 2 q + c at j = 2p and up of the same column at j = 2p + 1.
+// So output register 4 m + 2 r + c (m = 8 h + p: output column 8 m + 2 q + c of the tile's 128, row
+// half r) = act(accumulator[h][4 (2p) + 2r + c], accumulator[h][4 (2p + 1) + 2r + c]); in flat terms
+// (register 64 h + i of the 128): out 4m + 2r + c = act(flat 4(2m) + 2r + c, flat 4(2m + 1) + 2r + c).
+// `out` is then an m64n128 fragment of the 128 output columns. Per element exactly
+// swiglu_bf16_epilogue's arithmetic: reference_activation(gate, up), then __fmul_rn by the row's top-k
+// weight (1 for rows past m_end, which are never stored), so with the same FP32 accumulators the
+// outputs are bit-identical to the split-N kernel's.
+template <bool kCoherentWeights>
+__device__ __forceinline__ void swiglu_interleaved_bf16_activate(const float (&accumulator)[2][64], float (&out)[1][64],
+                                                                 int first_row, int m_end, const float* topk_weights,
+                                                                 int activation, float limit, float alpha) {
+  const int lane = threadIdx.x % 32;
+  float weight[2] = {1.0f, 1.0f};
+  if (topk_weights) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = first_row + 16 * ((threadIdx.x / 32) % 4) + 8 * r + lane / 4;
+      if (row < m_end) weight[r] = load_scale<kCoherentWeights>(topk_weights + row);
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 16; ++m)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int h = m / 8, p = m % 8;
+        float value = reference_activation(accumulator[h][4 * (2 * p) + 2 * r + c],
+                                           accumulator[h][4 * (2 * p + 1) + 2 * r + c], activation, limit, alpha);
+        if (topk_weights) value = __fmul_rn(value, weight[r]);
+        out[0][4 * m + 2 * r + c] = value;
+      }
+}
+
+template <Bf16Epilogue kEpilogue>
+__global__ void __launch_bounds__(kThreadsPerCta, 1)
+    sm90_bf16_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
+                                       const __grid_constant__ CUtensorMap b_map, const Bf16GroupedGemmParams params) {
+  using Layout = Bf16WideStandaloneLayout;
+  constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN, kStages = Layout::kStageCount;
+  constexpr int kStagingRows = Layout::kStagingRowsValue;
+  static_assert(kEpilogue == Bf16Epilogue::kStoreBf16 || kEpilogue == Bf16Epilogue::kSwigluInterleavedBf16,
+                "BF16 v2: plain or interleaved SwiGLU epilogue");
+
+  extern __shared__ uint8_t shared_raw[];
+  const Fp8GemmShared<Layout> smem(shared_raw);
+  const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
+
+  // Lane-0 broadcast: the role branch is warp-uniform to the compiler (sm90_fp8_grouped_gemm_kernel).
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&b_map);
+  }
+  if (threadIdx.x / 32 == 1)
+    build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
+  __syncthreads();
+
+  const int k_blocks = params.k / kBf16StageK;
+  const int n_tiles = params.n / kBlockN;
+  const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
+
+  // 24 / 240 registers as the FP8 standalone kernel (its NOTES: 24 + 2 x 240 = 504 of the launch's
+  // 168 x 384 per-thread-slot registers); the 128 accumulators need the 240.
+  constexpr uint32_t kProducerRegs = 24;
+  constexpr uint32_t kMathRegs = 240;
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
+  if (warpgroup == 0) {
+    registers_decrease<kProducerRegs>();
+    if (threadIdx.x != 0) return;
+    PipelineCursor<kStages> cursor;
+    int expert = 0;
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+      produce_fp8_tile(smem, &a_map, &b_map, where.m0, expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
+    }
+    return;
+  }
+
+  registers_increase<kMathRegs>();
+  const int wg_m = warpgroup - 1;  // which 64-row half of the tile
+  uint8_t* const staging = smem.bf16_staging + wg_m * kStagingRows * kBf16StagingPitch;
+  PipelineCursor<kStages> cursor;
+  int expert = 0;
+  float accumulator[2][64];
+  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+    const int first_row = t.m0 + wg_m * Layout::kRowsPerWarpgroup;
+    const bool active = first_row < t.m_end;  // active_sub_tiles(...) > 0, warpgroup-uniform
+    bf16_wide_tile_mainloop<Layout>(accumulator, smem, k_blocks, wg_m, active, cursor);
+    if (!active) continue;  // no row of the expert: nothing to store
+    if constexpr (kEpilogue == Bf16Epilogue::kStoreBf16) {
+      __nv_bfloat16* const out = params.out;
+      const int out_cols = params.n;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        store_bf16_epilogue_bulk<1, kStagingRows>(
+            reinterpret_cast<const float(&)[1][64]>(accumulator[h]), staging, first_row, t.m_end,
+            t.n_tile * kBlockN + 128 * h, [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+    } else {
+      float activations[1][64];
+      swiglu_interleaved_bf16_activate<false>(accumulator, activations, first_row, t.m_end, params.topk_weights,
+                                              params.activation, params.limit, params.alpha);
+      __nv_bfloat16* const out = params.out;
+      const int out_cols = params.n / 2;
+      store_bf16_epilogue_bulk<1, kStagingRows>(
+          activations, staging, first_row, t.m_end, t.n_tile * 128,
+          [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+    }
+  }
+  bulk_wait_all();  // store_bf16_epilogue_bulk NOTES
 }
 
 }  // namespace megamoe::kernels::sm90

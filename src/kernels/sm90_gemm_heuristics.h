@@ -99,6 +99,18 @@ inline MathSchedule choose_math_schedule(int /*rows_per_expert_hint*/) { return 
 // 4096 and 7168).
 inline bool prefer_gate_up_interleaved8(int hidden) { return hidden <= 4096; }
 
+// BF16 v2 (docs/grouped_gemm.md "BF16 v2"; sm90_bf16_grouped_gemm.cuh, sm90_bf16_wide_grouped_gemm_kernel):
+// split-M 128 x 256 with one wgmma m64n256k16 per 16 K per math warpgroup, 4 stages, bulk-store epilogue
+// with 32 staging rows. GEMM 2 / plain: every rows hint > 64 (and unknown) on n % 256 == 0; <= 64 rows
+// keeps the 64 x 256 split-N tile (with the bulk-store epilogue). GEMM 1: chosen by the weights (like
+// FP8 v9): GemmRole::kGateUpInterleaved8 runs the wide tile at every rows hint, kGateUp the split-N tiles.
+constexpr TileConfig kBf16Wide{2, 1, 4, 2};  // 128 x 256, 48 KiB/stage (+17 KiB BF16 staging)
+// Whether the BF16 v2 kernels are the default (grouped_gemm_bf16 / grouped_gemm2_bf16 with v2 = -1, and
+// the staged backend's BF16 W13 packing); MEGAMOE_BF16_GEMM_V2=0/1 overrides it (grouped_gemm.h).
+// NOTES: unmeasured when written (no device access): the prediction is docs/grouped_gemm.md "BF16 v2";
+// the lead's same-run A/B (scripts/gpu_bf16_v2.sh) decides whether it stays.
+inline bool prefer_bf16_v2() { return true; }
+
 // W4A8 (sm90_w4a8_grouped_gemm.cuh): always split-N, 256 columns; 64 or 128 rows chosen as for GEMM 1
 // (the FP4 decode costs the same per weight byte for both, so the larger tile halves it per FLOP).
 inline int choose_w4a8_sub_tiles(int rows_per_expert_hint, int num_experts, int n, int ctas) {

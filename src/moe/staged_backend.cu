@@ -66,11 +66,15 @@ class StagedBackend final : public MoeBackend {
     // made once at load time, so the choice is made here, per backend: v9 (gate/up interleaved by 8,
     // split-M 128 x 256) where sm90::prefer_gate_up_interleaved8(hidden) (measured crossover, see there),
     // else the split-N tiles; MEGAMOE_FP8_GEMM1_V9=1 / 0 forces one (docs/grouped_gemm.md "v9").
-    // W4A8 / BF16 keep their own layouts.
+    // BF16: kGateUpInterleaved8 (the BF16 v2 GEMM-1 kernel, docs/grouped_gemm.md "BF16 v2") when
+    // kernels::bf16_gemm_v2_default() (MEGAMOE_BF16_GEMM_V2=0/1, else the heuristic), else kGateUp.
+    // W4A8 keeps its own layout.
     if (config.weight_format == WeightFormat::kFp8Block) {
       const char* v9 = std::getenv("MEGAMOE_FP8_GEMM1_V9");
       const bool use_v9 = v9 && *v9 ? std::string(v9) == "1" : kernels::sm90::prefer_gate_up_interleaved8(config.hidden);
       gate_up_packing_ = use_v9 ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
+    } else if (config.weight_format == WeightFormat::kBf16) {
+      gate_up_packing_ = kernels::bf16_gemm_v2_default() ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
     }
     if (!workspace) workspace = make_moe_workspace();  // one layer: a private region
     workspace_ = workspace;
@@ -163,7 +167,7 @@ class StagedBackend final : public MoeBackend {
   std::shared_ptr<StagedScratch> scratch_;
   int local_experts_ = 0, first_expert_ = 0;
   bool destroyed_ = false, warmed_up_ = false;
-  kernels::GemmRole gate_up_packing_ = kernels::GemmRole::kGateUp;  // FP8-block W13 layout (constructor)
+  kernels::GemmRole gate_up_packing_ = kernels::GemmRole::kGateUp;  // FP8-block / BF16 W13 layout (constructor)
   ExpertSlabs weights_;  // in allocations_
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;

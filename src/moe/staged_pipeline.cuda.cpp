@@ -252,6 +252,7 @@ void run_staged_pipeline(const MoeConfig& config, int local_experts, StagedScrat
     g1.intermediate = I;
     g1.rows_per_expert_hint = rows_hint;
     g1.activation = config.activation;
+    g1.packing = w.gate_up_packing;  // the layout the slabs were loaded with (staged: maybe BF16 v2; mega: kGateUp)
     kernels::grouped_gemm1_bf16(g1, s);
     phases.mark(2, s);  // after GEMM 1
     kernels::GroupedGemm2Bf16Args g2;

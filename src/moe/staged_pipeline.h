@@ -21,13 +21,14 @@ namespace megamoe {
 // One layer's packed experts on the device, in the grouped GEMM layouts (kernels/grouped_gemm.h):
 //   FP8-block : w13 [E, 2I, H] e4m3 packed with `gate_up_packing`, w13_scales [E, 2I/128, H/128];
 //               w2 [E, H, I] e4m3 (kDown), w2_scales [E, H/128, I/128]
-//   BF16      : w13 [E, 2I, H] bf16 (kGateUp), w2 [E, H, I] bf16 (kDown), no scales
+//   BF16      : w13 [E, 2I, H] bf16 packed with `gate_up_packing` (kGateUp, or kGateUpInterleaved8 for
+//               the BF16 v2 GEMM-1 kernel), w2 [E, H, I] bf16 (kDown), no scales
 //   W4A8      : pack_w4a8_expert_weights (kGateUp / kDown): data, group scales and block records
 //               (packed_w4a8_size per expert)
 // NOTES: both backends allocate and load through this struct, so the fused kernel and the staged
 // kernels read one layout by construction; mega always packs W13 with kGateUp (its kernel's tiles),
-// staged may pick kGateUpInterleaved8 (v9) for FP8-block, and run_staged_pipeline hands
-// `gate_up_packing` to grouped_gemm1_fp8, which picks the kernel for that layout.
+// staged may pick kGateUpInterleaved8 (v9) for FP8-block and (BF16 v2) for BF16, and run_staged_pipeline
+// hands `gate_up_packing` to grouped_gemm1_fp8 / grouped_gemm1_bf16, which pick the kernel for that layout.
 struct ExpertSlabs {
   WeightFormat format = WeightFormat::kBf16;
   kernels::GemmRole gate_up_packing = kernels::GemmRole::kGateUp;

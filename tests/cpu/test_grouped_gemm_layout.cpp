@@ -1,7 +1,9 @@
 // The host-side weight-layout transform of the grouped GEMMs (src/kernels/grouped_gemm.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -131,13 +133,59 @@ TEST(GroupedGemmLayout, GateUpInterleaved8RoundTripAndFragmentPairs) {
       EXPECT_EQ(scales[(2 * j) * k_blocks + kb], m.block_scales[j * k_blocks + kb]);
       EXPECT_EQ(scales[(2 * j + 1) * k_blocks + kb], m.block_scales[(blocks + j) * k_blocks + kb]);
     }
-  // Only FP8 block (the v9 kernel), and the W13 shape rule as kGateUp.
-  auto bf16 = m;
-  bf16.format = WeightFormat::kBf16;
-  bf16.data.resize(m.data.size() * 2);
-  bf16.block_scales.clear();
-  expect_error(bf16, kernels::GemmRole::kGateUpInterleaved8, "fp8_block weights only");
+  // The W13 shape rule as kGateUp (BF16 is accepted: GroupedGemmLayout.Bf16GateUpInterleaved8RoundTrip).
   expect_error(random_fp8_matrix(384, 256, 14), kernels::GemmRole::kGateUpInterleaved8, "must be a multiple of 256");
+}
+
+// BF16 v2 GEMM-1 layout (kGateUpInterleaved8 on bf16, docs/grouped_gemm.md "BF16 v2"): the row order of
+// the FP8 v9 layout with 2-byte elements, no scales. Round trip through the position the BF16 v2
+// epilogue (swiglu_interleaved_bf16_activate) assumes: output column o of n-tile o / 128, o % 128 =
+// 8 m + t with m = 8 h + p (h: the wide fragment's 128-column half, p: the pair index), gate at
+// packed column 128 h + 8 (2p) + t, up at 128 h + 8 (2p + 1) + t of the 256-column tile.
+TEST(GroupedGemmLayout, Bf16GateUpInterleaved8RoundTrip) {
+  const int64_t intermediate = 384, hidden = 128;
+  formats::QuantizedMatrix m;
+  m.format = WeightFormat::kBf16;
+  m.rows = 2 * intermediate;
+  m.cols = hidden;
+  std::mt19937_64 rng(15);
+  m.data.resize(m.rows * m.cols * 2);
+  for (auto& b : m.data) b = static_cast<uint8_t>(rng());
+  const auto size = kernels::packed_weight_bytes(WeightFormat::kBf16, m.rows, m.cols);
+  ASSERT_EQ(size.scale_count, 0u);
+  std::vector<uint8_t> data(size.data_bytes, 0xAB);
+  kernels::pack_expert_weights(m, kernels::GemmRole::kGateUpInterleaved8, data.data(), nullptr);
+  const int64_t row_bytes = 2 * hidden;
+  const auto packed_position = [&](int64_t row) {
+    const bool up = row >= intermediate;
+    const int64_t o = row % intermediate, tile = o / 128, column = o % 128;
+    const int64_t mm = column / 8, t = column % 8, h = mm / 8, p = mm % 8;
+    return 256 * tile + 128 * h + 8 * (2 * p + (up ? 1 : 0)) + t;
+  };
+  std::vector<uint8_t> unpacked(m.data.size(), 0);
+  std::vector<int> hits(m.rows, 0);
+  for (int64_t row = 0; row < m.rows; ++row) {
+    const int64_t packed_row = packed_position(row);
+    ASSERT_LT(packed_row, m.rows);
+    ++hits[packed_row];
+    std::copy_n(data.begin() + packed_row * row_bytes, row_bytes, unpacked.begin() + row * row_bytes);
+  }
+  for (int64_t r = 0; r < m.rows; ++r) ASSERT_EQ(hits[r], 1) << "packed row " << r;
+  EXPECT_EQ(unpacked, m.data) << "round trip through the BF16 v2 fragment mapping";
+  // Same row order as the FP8 v9 packing (one element = 2 bytes here, 1 there).
+  formats::QuantizedMatrix fp8 = random_fp8_matrix(m.rows, 256, 16);
+  std::vector<uint8_t> fp8_data(fp8.data.size());
+  std::vector<float> fp8_scales(fp8.block_scales.size());
+  kernels::pack_expert_weights(fp8, kernels::GemmRole::kGateUpInterleaved8, fp8_data.data(), fp8_scales.data());
+  for (int64_t row = 0; row < m.rows; ++row)
+    ASSERT_EQ(0, std::memcmp(fp8_data.data() + packed_position(row) * 256, fp8.data.data() + row * 256, 256)) << row;
+  // Still no scales, and the W13 shape rule.
+  m.block_scales.push_back(1.0f);
+  expect_error(m, kernels::GemmRole::kGateUpInterleaved8, "bf16 has no scales");
+  m.block_scales.clear();
+  m.rows = 384;
+  m.data.resize(m.rows * m.cols * 2);
+  expect_error(m, kernels::GemmRole::kGateUpInterleaved8, "must be a multiple of 256");
 }
 
 TEST(GroupedGemmLayout, Bf16GateUpInterleavesRowsAndHasNoScales) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -98,10 +99,11 @@ bool same_bf16_value(uint16_t a, uint16_t b) { return a == b || ((a | b) & 0x7FF
 
 enum class Entry { kPlain, kGemm2 };
 
-void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact,
-               Entry entry = Entry::kPlain) {
+// v2: GroupedGemm*Bf16Args::v2 (-1 default, 0 v1 tiles, 1 BF16 v2). Returns the output bits.
+std::vector<uint16_t> run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact,
+                                Entry entry = Entry::kPlain, int v2 = -1) {
   const Bf16Problem p = make_problem(counts, n, k, seed, exact);
-  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) + " v2 " + std::to_string(v2));
   DeviceBuffer a(p.a), w(p.w), offsets(p.offsets);
   DeviceBuffer out(p.capacity * n * sizeof(uint16_t));
   poison_device_buffer(out.data, out.bytes);
@@ -116,6 +118,7 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
     args.n = n;
     args.k = k;
     args.rows_per_expert_hint = rows_hint;
+    args.v2 = v2;
     kernels::grouped_gemm_bf16(args, nullptr);
   } else {
     kernels::GroupedGemm2Bf16Args args;
@@ -128,6 +131,7 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
     args.hidden = n;
     args.intermediate = k;
     args.rows_per_expert_hint = rows_hint;
+    args.v2 = v2;
     kernels::grouped_gemm2_bf16(args, nullptr);
   }
   MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -170,8 +174,9 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
   if (!exact) {
     const double rel_l2 = std::sqrt(error_sq / ref_sq);
     EXPECT_LT(rel_l2, 2e-3);
-    std::printf("bf16 grouped GEMM n=%d k=%d hint=%d rel-L2 %.3g\n", n, k, rows_hint, rel_l2);
+    std::printf("bf16 grouped GEMM n=%d k=%d hint=%d v2=%d rel-L2 %.3g\n", n, k, rows_hint, v2, rel_l2);
   }
+  return result;
 }
 
 TEST(GroupedGemmBf16, PlainSplitMRandomShapes) {
@@ -202,6 +207,67 @@ TEST(GroupedGemmBf16, PlainBitExactSmallValues) {
   run_plain({3, 0, 128, 77}, 256, 1024, 4008, 128, true);
 }
 
+// ---- BF16 v2 (docs/grouped_gemm.md "BF16 v2") ------------------------------------------------------
+// Every v2 plain path against the fp64 reference, then bit for bit against v1 on the same problem (same
+// FP32 tensor-core sums per element in the same K order; wgmma m64n256 vs m64n128 is asserted, not
+// assumed, to give identical per-element results).
+void expect_v2_plain_matches_v1(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact,
+                                Entry entry = Entry::kPlain) {
+  const auto v2 = run_plain(counts, n, k, seed, rows_hint, exact, entry, 1);
+  const auto v1 = run_plain(counts, n, k, seed, rows_hint, exact, entry, 0);
+  ASSERT_EQ(v2.size(), v1.size());
+  int64_t differing = 0;
+  for (size_t i = 0; i < v1.size(); ++i)
+    if (v1[i] != v2[i] && differing++ < 5)
+      ADD_FAILURE() << "v2 out[" << i / n << ", " << i % n << "] bits " << v2[i] << " != v1 " << v1[i];
+  EXPECT_EQ(differing, 0) << "seed " << seed << " n " << n << " k " << k << " hint " << rows_hint;
+}
+
+TEST(GroupedGemmBf16, V2PlainWideTileRandomShapes) {  // 128 x 256 wide tile (wgmma m64n256k16)
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_v2_plain_matches_v1({0, 1, 130, 63, 64, 65, 200, 129, 127, 256}, 512, 512, 4301, 0, false);
+  expect_v2_plain_matches_v1({0, 1, 130, 63, 64, 65, 200, 129, 127, 256}, 768, 384, 4302, 1024, false);
+  expect_v2_plain_matches_v1({65, 0, 1, 300}, 256, 256, 4303, 200, false, Entry::kGemm2);
+}
+
+TEST(GroupedGemmBf16, V2PlainSmallGroupsAndOddN) {  // 64 x 256 split-N bulk; 128 x 128 bulk (n % 256 = 128)
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_v2_plain_matches_v1({8, 0, 1, 17, 64, 33}, 512, 384, 4304, 16, false);
+  expect_v2_plain_matches_v1({0, 1, 130, 63, 65, 200}, 384, 512, 4305, 0, false);
+}
+
+TEST(GroupedGemmBf16, V2PlainDeepK) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_v2_plain_matches_v1({100, 0, 129, 1}, 256, 7168, 4306, 0, false);
+}
+
+TEST(GroupedGemmBf16, V2PlainBitExactSmallValues) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_v2_plain_matches_v1({3, 0, 128, 77, 64, 65}, 512, 1024, 4307, 0, true);
+  expect_v2_plain_matches_v1({3, 0, 128, 77}, 256, 1024, 4308, 8, true);
+}
+
+// The environment variable decides v2 = -1; a bad value is an error naming it.
+TEST(GroupedGemmBf16, V2EnvironmentVariable) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  ASSERT_EQ(setenv("MEGAMOE_BF16_GEMM_V2", "1", 1), 0);
+  EXPECT_TRUE(kernels::bf16_gemm_v2_default());
+  const auto forced_v2 = run_plain({70, 0, 1}, 256, 256, 4309, 0, false, Entry::kPlain, -1);
+  ASSERT_EQ(setenv("MEGAMOE_BF16_GEMM_V2", "0", 1), 0);
+  EXPECT_FALSE(kernels::bf16_gemm_v2_default());
+  const auto forced_v1 = run_plain({70, 0, 1}, 256, 256, 4309, 0, false, Entry::kPlain, -1);
+  EXPECT_EQ(forced_v2, forced_v1);
+  ASSERT_EQ(setenv("MEGAMOE_BF16_GEMM_V2", "yes", 1), 0);
+  try {
+    (void)kernels::bf16_gemm_v2_default();
+    ADD_FAILURE() << "MEGAMOE_BF16_GEMM_V2=yes accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("MEGAMOE_BF16_GEMM_V2 = 'yes' must be 0 or 1"), std::string::npos)
+        << error.what();
+  }
+  unsetenv("MEGAMOE_BF16_GEMM_V2");
+}
+
 // docs/reference.md step 4 in fp32, in the reference's order.
 float reference_activation(float gate, float up, const Activation& act) {
   if (act.kind == Activation::Kind::kSiluMul) return (gate / (1.0f + std::exp(-gate))) * up;
@@ -210,18 +276,21 @@ float reference_activation(float gate, float up, const Activation& act) {
   return (g * (1.0f / (1.0f + std::exp(-(act.alpha * g))))) * (u + 1.0f);
 }
 
-void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed, const Activation& act,
-               bool use_topk, bool exact, int rows_hint) {
+// packing: kGateUp (the split-N kernel) or kGateUpInterleaved8 (BF16 v2). Returns the output bits.
+std::vector<uint16_t> run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed,
+                                const Activation& act, bool use_topk, bool exact, int rows_hint,
+                                kernels::GemmRole packing = kernels::GemmRole::kGateUp) {
   const float a_std = act.kind == Activation::Kind::kSwigluClamped ? 6.0f : 1.0f;  // make the clamp bite
   const Bf16Problem p = make_problem(counts, 2 * intermediate, hidden, seed, exact, a_std);
-  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  const bool v2 = packing == kernels::GemmRole::kGateUpInterleaved8;
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) + (v2 ? " v2 (interleaved8)" : ""));
   std::vector<float> topk(p.capacity);
   std::mt19937_64 rng(seed + 1);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   for (auto& t : topk) t = weight(rng);
   // Pack each expert into the kernel layout through the public transform.
   const auto size = kernels::packed_weight_bytes(WeightFormat::kBf16, 2 * intermediate, hidden);
-  ASSERT_EQ(size.scale_count, 0u);
+  EXPECT_EQ(size.scale_count, 0u);
   std::vector<uint8_t> packed(size.data_bytes * p.experts);
   const auto* canonical_bytes = reinterpret_cast<const uint8_t*>(p.w.data());
   for (int e = 0; e < p.experts; ++e) {
@@ -230,7 +299,7 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
     m.rows = 2 * intermediate;
     m.cols = hidden;
     m.data.assign(canonical_bytes + e * size.data_bytes, canonical_bytes + (e + 1) * size.data_bytes);
-    kernels::pack_expert_weights(m, kernels::GemmRole::kGateUp, packed.data() + e * size.data_bytes, nullptr);
+    kernels::pack_expert_weights(m, packing, packed.data() + e * size.data_bytes, nullptr);
   }
   DeviceBuffer a(p.a), w(packed), offsets(p.offsets), topk_d(topk);
   DeviceBuffer out(p.capacity * intermediate * sizeof(uint16_t));
@@ -247,6 +316,7 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
   args.intermediate = intermediate;
   args.activation = act;
   args.rows_per_expert_hint = rows_hint;
+  args.packing = packing;
   kernels::grouped_gemm1_bf16(args, nullptr);
   MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   const auto result = out.download<uint16_t>();
@@ -295,13 +365,14 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
   EXPECT_EQ(bad, 0);
   const double rel_l2 = std::sqrt(error_sq / ref_sq);
   EXPECT_LT(rel_l2, 2e-3);
-  std::printf("bf16 gemm1 %s topk=%d exact=%d hint=%d: rel-L2 %.3g, bf16 flips %lld / %lld, clamped %lld\n",
-              act.kind == Activation::Kind::kSiluMul ? "silu" : "swiglu_clamped", use_topk, exact, rows_hint,
+  std::printf("bf16 gemm1%s %s topk=%d exact=%d hint=%d: rel-L2 %.3g, bf16 flips %lld / %lld, clamped %lld\n",
+              v2 ? " v2" : "", act.kind == Activation::Kind::kSiluMul ? "silu" : "swiglu_clamped", use_topk, exact, rows_hint,
               rel_l2, static_cast<long long>(flips), static_cast<long long>(values), static_cast<long long>(clamped));
   // Exact inputs: gate and up are exact, so only expf's ulps (CUDA vs host libm) can flip a BF16
   // rounding, and only next to a rounding midpoint.
   if (exact) EXPECT_LE(flips, values / 1000);
   if (act.kind == Activation::Kind::kSwigluClamped) EXPECT_GT(clamped, 0) << "the clamp was never exercised";
+  return result;
 }
 
 TEST(GroupedGemmBf16, Gemm1ExactInputsMatchReference) {
@@ -330,6 +401,57 @@ TEST(GroupedGemmBf16, Gemm1DeepHidden) {
   run_gemm1({33, 0, 80}, 7168, 256, 4023, Activation{}, true, false, 0);
 }
 
+// BF16 v2 GEMM 1 (weights packed kGateUpInterleaved8, the wide kernel with the in-thread SwiGLU
+// epilogue) against the reference, then bit for bit against the split-N kernel on kGateUp weights.
+void expect_v2_gemm1_matches_v1(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed,
+                                const Activation& act, bool use_topk, bool exact, int rows_hint) {
+  const auto v2 = run_gemm1(counts, hidden, intermediate, seed, act, use_topk, exact, rows_hint,
+                            kernels::GemmRole::kGateUpInterleaved8);
+  const auto v1 = run_gemm1(counts, hidden, intermediate, seed, act, use_topk, exact, rows_hint, kernels::GemmRole::kGateUp);
+  ASSERT_EQ(v2.size(), v1.size());
+  int64_t differing = 0;
+  for (size_t i = 0; i < v1.size(); ++i)
+    if (v1[i] != v2[i] && differing++ < 5)
+      ADD_FAILURE() << "v2 out[" << i / intermediate << ", " << i % intermediate << "] bits " << v2[i] << " != v1 "
+                    << v1[i];
+  EXPECT_EQ(differing, 0) << "seed " << seed << " hidden " << hidden << " intermediate " << intermediate;
+}
+
+TEST(GroupedGemmBf16, V2Gemm1ExactInputs) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_v2_gemm1_matches_v1({0, 1, 70, 63, 64, 65, 130}, 512, 256, 4331, Activation{}, true, true, 0);
+  expect_v2_gemm1_matches_v1({0, 1, 70, 63, 130}, 512, 384, 4332, Activation{}, false, true, 8);
+}
+
+TEST(GroupedGemmBf16, V2Gemm1SiluTopk) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_v2_gemm1_matches_v1({0, 1, 70, 63, 65, 130, 127}, 512, 256, 4333, Activation{}, true, false, 0);
+  expect_v2_gemm1_matches_v1({0, 1, 70, 63, 65, 130}, 384, 512, 4334, Activation{}, true, false, 16);
+}
+
+TEST(GroupedGemmBf16, V2Gemm1SwigluClamped) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  Activation act;
+  act.kind = Activation::Kind::kSwigluClamped;
+  act.limit = 7.0f;
+  act.alpha = 1.702f;
+  expect_v2_gemm1_matches_v1({5, 0, 129, 1, 64}, 384, 384, 4335, act, false, false, 0);
+  expect_v2_gemm1_matches_v1({5, 0, 129, 1, 65}, 256, 256, 4336, act, true, false, 0);
+}
+
+TEST(GroupedGemmBf16, V2Gemm1DeepHidden) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_v2_gemm1_matches_v1({33, 0, 80, 200}, 7168, 256, 4337, Activation{}, true, false, 0);
+}
+
+// A small v2 case of each kernel for compute-sanitizer (scripts/gpu_bf16_v2.sh).
+TEST(GroupedGemmBf16, V2SanitizerSmall) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_plain({0, 1, 65, 130}, 256, 256, 4341, 0, false, Entry::kPlain, 1);
+  run_plain({0, 1, 17}, 256, 256, 4342, 16, false, Entry::kPlain, 1);
+  run_gemm1({0, 1, 65, 130}, 256, 256, 4343, Activation{}, true, false, 0, kernels::GemmRole::kGateUpInterleaved8);
+}
+
 TEST(GroupedGemmBf16, RejectsBadShapesAndPointers) {
   auto expect_error = [](auto call, const std::string& needle) {
     try {
@@ -356,6 +478,19 @@ TEST(GroupedGemmBf16, RejectsBadShapesAndPointers) {
   g1.intermediate = 256;
   g1.num_experts = 0;
   expect_error([&] { kernels::grouped_gemm1_bf16(g1, nullptr); }, "num_experts = 0");
+  // GEMM-1 weights must be packed kGateUp or kGateUpInterleaved8 (BF16 v2); v2 must be -1, 0 or 1.
+  // (Host pointers: the checks run before anything touches the device, so this needs no GPU.)
+  alignas(16) static uint16_t dummy[64];
+  alignas(16) static int32_t offsets[4];
+  g1.num_experts = 2;
+  g1.a = g1.weights = g1.out = dummy;
+  g1.expert_offsets = offsets;
+  g1.packing = kernels::GemmRole::kDown;
+  expect_error([&] { kernels::grouped_gemm1_bf16(g1, nullptr); }, "must be kGateUp or kGateUpInterleaved8");
+  g2.a = g2.weights = g2.out = dummy;
+  g2.expert_offsets = offsets;
+  g2.v2 = 2;
+  expect_error([&] { kernels::grouped_gemm2_bf16(g2, nullptr); }, "v2 = 2 must be -1 (default), 0 or 1");
 }
 
 }  // namespace

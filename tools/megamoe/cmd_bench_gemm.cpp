@@ -23,6 +23,10 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                          ->check(CLI::IsMember({"off", "on", "both"}));
                      app.add_option("--v9-skews", options->v9_skews,
                                     "with --gemm1-v9 on/both: v9 skews (k-blocks, 0..4) to time; on: the first");
+                     app.add_option("--bf16-v2", options->bf16_v2,
+                                    "BF16 kernels (--format bf16): auto (library default), off (v1), on (v2: wide "
+                                    "128 x 256 tiles, bulk stores), both (off in the main columns, v2 right after it)")
+                         ->check(CLI::IsMember({"auto", "off", "on", "both"}));
                      app.add_option("--json", options->json_path, "write results as JSON here");
                      return [options] { return megamoe::bench::run_gemm_bench(*options); };
                    });
