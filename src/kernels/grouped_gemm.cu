@@ -71,7 +71,7 @@ void launch(const uint8_t* a, const uint8_t* weights, const GroupedGemmParams& p
   // addresses (rows are n or n / 2 bytes apart, n a multiple of 128).
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
                 "bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
-  const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
+  const CUtensorMap a_map = make_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);  // 64-row chunks
   const CUtensorMap b_map =
       make_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
@@ -119,6 +119,17 @@ sm90::MathSchedule resolve_schedule(Fp8GemmSchedule requested, int rows_hint) {
   return sm90::choose_math_schedule(rows_hint);
 }
 
+// Tail-trimmed A loads (GroupedGemmParams::a_tail_trim, produce_fp8_tile_trimmed): on unless
+// MEGAMOE_FP8_A_TAIL_TRIM=0 (read per call, as MEGAMOE_FP8_GEMM_SCHEDULE; 0 = every 64-row chunk of the
+// tile, the bytes the kernels before session 10 loaded as one box, for A/B runs).
+bool resolve_a_tail_trim() {
+  const char* value = std::getenv("MEGAMOE_FP8_A_TAIL_TRIM");
+  const std::string text = value ? value : "";
+  if (text.empty() || text == "1") return true;
+  MEGAMOE_CHECK(text == "0", "MEGAMOE_FP8_A_TAIL_TRIM = '", text, "' must be 0 or 1");
+  return false;
+}
+
 void check_aligned(const void* pointer, const char* field) {
   MEGAMOE_CHECK(pointer != nullptr, field, " must be non-null");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(pointer) % 16 == 0, field, " must be 16-byte aligned");
@@ -147,6 +158,7 @@ void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weight
   params.num_experts = num_experts;
   params.n = n;
   params.k = k;
+  params.a_tail_trim = resolve_a_tail_trim();
   const sm90::TileConfig tile = sm90::choose_plain_tile(rows_hint);
   const sm90::MathSchedule schedule = resolve_schedule(requested, rows_hint);
   if (tile.warpgroups_m == 1 && n % 256 == 0)
@@ -211,6 +223,7 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   params.activation = clamped ? 1 : 0;
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
+  params.a_tail_trim = resolve_a_tail_trim();
   const sm90::MathSchedule schedule = resolve_schedule(args.schedule, args.rows_per_expert_hint);
   MEGAMOE_CHECK(args.packing == GemmRole::kGateUp || args.packing == GemmRole::kGateUpInterleaved8,
                 "packing = ", static_cast<int>(args.packing), " must be kGateUp or kGateUpInterleaved8 (GEMM-1 weights)");

@@ -58,6 +58,9 @@ struct GroupedGemmParams {
   int activation = 0;                    // 0 = silu*up, 1 = clamped SwiGLU
   float limit = 0.f, alpha = 0.f;
   int v9_skew_kblocks = 0;               // kSwigluInterleavedFp8 + kSerial only: see kV9SkewBarrier
+  // Tail trim (produce_fp8_tile_trimmed; the standalone kernel's A map box is kATrimRows rows): the
+  // producer loads only the 64-row chunks of a tile that hold rows of its expert. false: all of them.
+  bool a_tail_trim = false;
 };
 
 // v9 skew (an experiment, GroupedGemm1Fp8Args::v9_skew_kblocks): math warpgroup 1 starts its first
@@ -228,6 +231,43 @@ __device__ __forceinline__ void produce_fp8_tile(const Fp8GemmShared<Layout>& sm
     barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
     barrier_arrive_expect_bytes(&smem.full[cursor.stage], Layout::kABytes + Layout::kBBytes);
     tma_load_2d(smem.a_tiles + cursor.stage * Layout::kABytes, a_map, kb * kBlockK, m0, &smem.full[cursor.stage]);
+    tma_load_2d(smem.b_tiles + cursor.stage * Layout::kBBytes, b_map, kb * kBlockK, b_row, &smem.full[cursor.stage]);
+    cursor.advance();
+  }
+}
+
+// Rows per A box of the tail-trimming producer: one wgmma sub-tile.
+constexpr int kATrimRows = 64;
+
+// produce_fp8_tile with the A rows trimmed to the expert (GroupedGemmParams::a_tail_trim; the A map's
+// box is kATrimRows rows): per k-block only the 64-row chunks c with m0 + 64 c < m_end are loaded, and
+// the stage's expected bytes count only those.
+// NOTES:
+// - Why: an expert's last m-tile is usually part-empty (uniform routing at ~512 rows per expert puts
+//   half of them 1-40 rows into another 256- or 128-row tile). The math warpgroups already skip the
+//   sub-tiles without rows (active_sub_tiles), but a whole-box load still streamed every A row of the
+//   tile from L2: a 256 x 128 tile with one active sub-tile moved 48 KiB per k-block for a quarter of
+//   the MMAs, so the tail cost most of a full tile.
+// - The chunks left unloaded keep the stage's previous bytes. No stored result reads them: a sub-tile
+//   without rows is skipped by the kSerial mainloop, and where a schedule still runs its wgmma
+//   (kOrderedIssue keeps every group for its token, kHalfOverlap, the BF16 v1 mainloop) the products
+//   land only in accumulator rows >= m_end, which no epilogue stores and no row-wise reduction (SwiGLU
+//   amax, top-k weight) mixes with a valid row.
+// - The 128-byte swizzle repeats every 8 rows (1 KiB), so four 64-row boxes at 8 KiB offsets write the
+//   same shared-memory image as one 256-row box.
+template <class Layout>
+__device__ __forceinline__ void produce_fp8_tile_trimmed(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                                         const CUtensorMap* b_map, int m0, int m_end, int b_row,
+                                                         int k_blocks, PipelineCursor<Layout::kStageCount>& cursor) {
+  static_assert(Layout::kBlockM % kATrimRows == 0, "whole 64-row chunks");
+  constexpr int kChunkBytes = kATrimRows * kBlockK;
+  const int chunks = min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes);
+    uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
+    for (int c = 0; c < chunks; ++c)
+      tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
     tma_load_2d(smem.b_tiles + cursor.stage * Layout::kBBytes, b_map, kb * kBlockK, b_row, &smem.full[cursor.stage]);
     cursor.advance();
   }
@@ -1103,7 +1143,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     int expert = 0;
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
       const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-      produce_fp8_tile(smem, &a_map, &b_map, where.m0, expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
+      // The A map's box is kATrimRows rows (launcher); untrimmed = every chunk of the tile.
+      produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, params.a_tail_trim ? where.m_end : where.m0 + kBlockM,
+                               expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
     }
     return;
   }

@@ -769,6 +769,28 @@ TEST(GroupedGemmFp8, Gemm1V9ManyTilesPerCta) {
   unsetenv("MEGAMOE_FP8_GEMM1_V9_SKEW");
 }
 
+// Tail-trimmed A loads (produce_fp8_tile_trimmed, the default) and whole-box loads
+// (MEGAMOE_FP8_A_TAIL_TRIM=0) on experts whose last m-tile holds 1, 63, 64, 65, 129, 191 and 255 rows of
+// 256- / 128-row tiles, every tile config and schedule whose mainloop still reads the unloaded chunks
+// (pingpong, overlap): exact inputs, so both must equal the reference bit for bit.
+TEST(GroupedGemmFp8, ATailTrimOnAndOff) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const std::vector<int> counts{1, 0, 63, 64, 65, 129, 191, 255, 257, 300};
+  for (const char* trim : {"0", "1"}) {
+    SCOPED_TRACE(std::string("MEGAMOE_FP8_A_TAIL_TRIM=") + trim);
+    ASSERT_EQ(setenv("MEGAMOE_FP8_A_TAIL_TRIM", trim, 1), 0);
+    run_plain(counts, 256, 256, 71, 0, true);                                // 256 x 128
+    run_plain(counts, 256, 256, 72, 200, true, Fp8GemmSchedule::kPingPong);  // 128 x 128, all groups issued
+    run_plain(counts, 256, 384, 73, 0, true, Fp8GemmSchedule::kOverlap);     // 256 x 128, global scales
+    run_plain(counts, 256, 256, 74, 32, true);                               // 64 x 256
+    run_gemm1(counts, 256, 256, 75, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
+    run_gemm1(counts, 256, 256, 76, Activation{}, false, true, 0, Fp8GemmSchedule::kPingPong, false);
+  }
+  ASSERT_EQ(setenv("MEGAMOE_FP8_A_TAIL_TRIM", "2", 1), 0);
+  EXPECT_THROW(run_plain({5}, 256, 256, 77, 0, true), Error);
+  unsetenv("MEGAMOE_FP8_A_TAIL_TRIM");
+}
+
 // Runs without a GPU: the GEMM-1 packing is checked before any CUDA call.
 TEST(GroupedGemmFp8, RejectsBadGemm1Packing) {
   alignas(16) static uint8_t fake[64];
