@@ -589,6 +589,12 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
       r.rows = routing.rows;
       r.median_us = median(us);
       r.min_us = *std::min_element(us.begin(), us.end());
+      r.iter_us = us;
+      {
+        std::vector<double> sorted = us;
+        std::sort(sorted.begin(), sorted.end());
+        r.p90_us = sorted[std::min(sorted.size() - 1, (sorted.size() * 9) / 10)];
+      }
       r.tflops = r.median_us > 0 ? flop / (r.median_us * 1e-6) * 1e-12 : 0;
       if (b == 0) first_us = r.median_us;
       r.ratio_to_first = first_us > 0 ? r.median_us / first_us : 0;
@@ -695,7 +701,8 @@ nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<
   j["cases"] = nlohmann::json::array();
   for (const LayerCaseResult& r : results) {
     nlohmann::json c = {{"backend", r.backend},     {"path", r.path},       {"tokens", r.tokens},   {"rows", r.rows},
-                        {"median_us", r.median_us}, {"min_us", r.min_us},   {"tflops", r.tflops},
+                        {"median_us", r.median_us}, {"min_us", r.min_us},   {"p90_us", r.p90_us},
+                        {"iter_us", r.iter_us},     {"tflops", r.tflops},
                         {"ratio_to_first", r.ratio_to_first}, {"floor_us", r.floor_us},
                         {"ratio_to_floor", r.ratio_to_floor}, {"floor_compute_us", r.floor.compute_us},
                         {"floor_weights_us", r.floor.weights_us}, {"floor_nvlink_us", r.floor.nvlink_us},

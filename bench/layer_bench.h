@@ -98,6 +98,10 @@ struct LayerCaseResult {
   int tokens = 0;
   int64_t rows = 0;  // routed (token, expert) pairs
   double median_us = 0, min_us = 0, tflops = 0;
+  // Rank 0's timed forwards in launch order (µs) and their 90th percentile: whether a spread between
+  // medians is a few slow iterations or a slow run shows here (the JSON keeps them all).
+  std::vector<double> iter_us;
+  double p90_us = 0;
   double ratio_to_first = 0;  // this backend's time / the first backend's time, same tokens
   double floor_us = 0, ratio_to_floor = 0;  // see the NOTES above
   LayerFloor floor;

@@ -177,7 +177,8 @@ def worker(rank, args):
         dist.all_gather_object(all_medians, median)
         if rank == 0:
             row = {"tokens": tokens, "median_us": median, "slowest_rank_median_us": max(all_medians),
-                   "rank_medians_us": all_medians}
+                   "rank_medians_us": all_medians, "min_us": min(times) if times else 0.0,
+                   "iter_us": times}  # rank 0's forwards in order, as `megamoe bench layer` records them
             results.append(row)
             print(f"torch layer {args.preset} bf16 gemm={mode} ranks={args.ranks} tokens {tokens:6d}: "
                   f"rank 0 median {median:10.1f} us, slowest rank {max(all_medians):10.1f} us", flush=True)
