@@ -193,7 +193,8 @@ PreparedBackend prepare(const BackendRun& run, const LayerBenchOptions& o, const
 // forward's MoeBackend::last_phase_times() is appended (an empty entry when the backend has none).
 std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o, const std::vector<uint16_t>& hidden,
                                  const Routing& routing, int tokens, std::vector<uint16_t>& out_host,
-                                 std::vector<std::vector<MoeBackend::PhaseTime>>* phases = nullptr) {
+                                 std::vector<std::vector<MoeBackend::PhaseTime>>* phases = nullptr,
+                                 std::vector<GpuClockSample>* clocks = nullptr) {
   const int H = o.shape.hidden, K = o.shape.top_k;
   std::vector<int32_t> ids = routing.ids;
   if (p.expert_modulus > 0)
@@ -252,6 +253,7 @@ std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o,
   // synchronisation, ~1 µs): the total between `begin` and `end` stays the same work. The phases are
   // read after the per-iteration synchronisation, outside the timed span.
   p.backend->set_phase_timing(phases != nullptr);
+  const GpuClockProbe probe;  // NVML reads after each timed forward (outside the timed span)
   for (int i = 0; i < o.warmup + o.iters; ++i) {
     MEGAMOE_CUDA_CHECK(cudaEventRecord(begin, stream));
     p.backend->forward(in, out, stream);
@@ -262,6 +264,7 @@ std::vector<double> time_forward(PreparedBackend& p, const LayerBenchOptions& o,
     if (i >= o.warmup) {
       us.push_back(ms * 1000.0);
       if (phases) phases->push_back(p.backend->last_phase_times());
+      if (clocks && probe.available()) clocks->push_back(probe.sample());
     }
   }
   p.backend->set_phase_timing(false);
@@ -575,8 +578,9 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
                     tokens, flop * 1e-9);
       std::vector<uint16_t> out;
       std::vector<std::vector<MoeBackend::PhaseTime>> phase_runs;
-      const std::vector<double> us =
-          time_forward(prepared[b], o, hidden, routing, tokens, out, prepared[b].on_gpu ? &phase_runs : nullptr);
+      std::vector<GpuClockSample> clocks;
+      const std::vector<double> us = time_forward(prepared[b], o, hidden, routing, tokens, out,
+                                                  prepared[b].on_gpu ? &phase_runs : nullptr, &clocks);
       LayerCaseResult r;
       r.backend = std::string(prepared[b].backend->name());
       r.path = prepared[b].backend->last_forward_path();
@@ -590,6 +594,7 @@ std::vector<LayerCaseResult> run_layer_bench(const LayerBenchOptions& o) {
       r.median_us = median(us);
       r.min_us = *std::min_element(us.begin(), us.end());
       r.iter_us = us;
+      r.iter_clocks = clocks;
       {
         std::vector<double> sorted = us;
         std::sort(sorted.begin(), sorted.end());
@@ -709,6 +714,17 @@ nlohmann::json layer_results_json(const LayerBenchOptions& o, const std::vector<
                         {"floor_bound", r.floor.bound()},
                         {"nvlink_bytes_out", r.nvlink_bytes_out}, {"nvlink_bytes_in", r.nvlink_bytes_in},
                         {"nvlink_gbps", r.nvlink_gbps}};
+    // Rank 0's SM clock, power and clock-limit reasons after each timed forward (NVML; empty without it).
+    nlohmann::json sm_mhz = nlohmann::json::array(), power_w = nlohmann::json::array(),
+                   reasons = nlohmann::json::array();
+    for (const GpuClockSample& g : r.iter_clocks) {
+      sm_mhz.push_back(g.sm_mhz);
+      power_w.push_back(g.power_w);
+      reasons.push_back(g.limit_reasons);
+    }
+    c["iter_sm_mhz"] = sm_mhz;
+    c["iter_power_w"] = power_w;
+    c["iter_clock_limit_reasons"] = reasons;
     // Per-phase medians (µs) for backends that report phases (`staged`); {} otherwise.
     c["phases_us"] = nlohmann::json::object();
     for (const MoeBackend::PhaseTime& p : r.phases) c["phases_us"][p.phase] = p.us;

@@ -40,6 +40,8 @@
 //   * --check runs `reference` on the first `check_tokens` tokens and compares each backend's rows.
 #pragma once
 
+#include "bench/gpu_clock_probe.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -102,6 +104,7 @@ struct LayerCaseResult {
   // medians is a few slow iterations or a slow run shows here (the JSON keeps them all).
   std::vector<double> iter_us;
   double p90_us = 0;
+  std::vector<GpuClockSample> iter_clocks;  // after each timed forward (GpuClockProbe; empty without NVML)
   double ratio_to_first = 0;  // this backend's time / the first backend's time, same tokens
   double floor_us = 0, ratio_to_floor = 0;  // see the NOTES above
   LayerFloor floor;
