@@ -81,8 +81,8 @@ inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts,
 // The fused MegaMoE kernel keeps kSerial (it shares the device pieces; the template default).
 enum class MathSchedule : int { kSerial = 0, kOrderedIssue = 1, kHalfOverlap = 2 };
 
-// Unmeasured (written without device access): the default stays kSerial until a same-run A/B
-// (scripts/gpu_gemm_pingpong.sh) shows kOrderedIssue faster; the env MEGAMOE_FP8_GEMM_SCHEDULE and the
+// Measured (docs/perf.md "Session 4", same-run A/B): kOrderedIssue and kHalfOverlap gave no gain over
+// kSerial at 1024-4096 rows, so kSerial stays the default; the env MEGAMOE_FP8_GEMM_SCHEDULE and the
 // per-call args override it (grouped_gemm.cu).
 inline MathSchedule choose_math_schedule(int /*rows_per_expert_hint*/) { return MathSchedule::kSerial; }
 
@@ -107,8 +107,9 @@ inline bool prefer_gate_up_interleaved8(int hidden) { return hidden <= 4096; }
 constexpr TileConfig kBf16Wide{2, 1, 4, 2};  // 128 x 256, 48 KiB/stage (+17 KiB BF16 staging)
 // Whether the BF16 v2 kernels are the default (grouped_gemm_bf16 / grouped_gemm2_bf16 with v2 = -1, and
 // the staged backend's BF16 W13 packing); MEGAMOE_BF16_GEMM_V2=0/1 overrides it (grouped_gemm.h).
-// NOTES: unmeasured when written (no device access): the prediction is docs/grouped_gemm.md "BF16 v2";
-// the lead's same-run A/B (scripts/gpu_bf16_v2.sh) decides whether it stays.
+// NOTES: measured (docs/grouped_gemm.md "BF16 v2", session 10, v1 and v2 in one run, bit-identical):
+// GEMM 2 +11% (dsv3) to +28% (qwen3-30b) at 1024-4096 rows; GEMM 1 -4% / +5% at dsv3 1024 / 4096 rows,
+// +17-19% at qwen3-30b; -1..-3% at 32 rows (v2 GEMM 1 runs the 128-row tile there). Default: v2.
 inline bool prefer_bf16_v2() { return true; }
 
 // W4A8 (sm90_w4a8_grouped_gemm.cuh): always split-N, 256 columns; 64 or 128 rows chosen as for GEMM 1
