@@ -122,13 +122,7 @@ sm90::MathSchedule resolve_schedule(Fp8GemmSchedule requested, int rows_hint) {
 // Tail-trimmed A loads (GroupedGemmParams::a_tail_trim, produce_fp8_tile_trimmed): on unless
 // MEGAMOE_FP8_A_TAIL_TRIM=0 (read per call, as MEGAMOE_FP8_GEMM_SCHEDULE; 0 = every 64-row chunk of the
 // tile, the bytes the kernels before session 10 loaded as one box, for A/B runs).
-bool resolve_a_tail_trim() {
-  const char* value = std::getenv("MEGAMOE_FP8_A_TAIL_TRIM");
-  const std::string text = value ? value : "";
-  if (text.empty() || text == "1") return true;
-  MEGAMOE_CHECK(text == "0", "MEGAMOE_FP8_A_TAIL_TRIM = '", text, "' must be 0 or 1");
-  return false;
-}
+bool resolve_a_tail_trim() { return detail::env_switch("MEGAMOE_FP8_A_TAIL_TRIM", true); }
 
 void check_aligned(const void* pointer, const char* field) {
   MEGAMOE_CHECK(pointer != nullptr, field, " must be non-null");
@@ -270,6 +264,13 @@ void check_grouped_gemm_pointer(const void* pointer, const char* field) { check_
 void check_grouped_gemm_shape(int64_t m_capacity, int num_experts, int n, int k, const char* n_name,
                               const char* k_name) {
   check_common(m_capacity, num_experts, n, k, n_name, k_name);
+}
+bool env_switch(const char* name, bool unset_value) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return unset_value;
+  const std::string text(value);
+  MEGAMOE_CHECK(text == "0" || text == "1", name, " = '", text, "' must be 0 or 1");
+  return text == "1";
 }
 }  // namespace detail
 

@@ -101,13 +101,7 @@ void launch_plain(const uint16_t* a, const uint16_t* weights, const int32_t* off
 
 }  // namespace
 
-bool bf16_gemm_v2_default() {
-  const char* value = std::getenv("MEGAMOE_BF16_GEMM_V2");
-  if (value == nullptr || *value == '\0') return sm90::prefer_bf16_v2();
-  const std::string text(value);
-  MEGAMOE_CHECK(text == "0" || text == "1", "MEGAMOE_BF16_GEMM_V2 = '", text, "' must be 0 or 1");
-  return text == "1";
-}
+bool bf16_gemm_v2_default() { return detail::env_switch("MEGAMOE_BF16_GEMM_V2", sm90::prefer_bf16_v2()); }
 
 void grouped_gemm_bf16(const GroupedGemmBf16Args& args, cudaStream_t stream) {
   detail::check_grouped_gemm_shape(args.m_capacity, args.num_experts, args.n, args.k, "n", "k");

@@ -20,5 +20,8 @@ void check_grouped_gemm_pointer(const void* pointer, const char* field);
 // m_capacity in [1, 2^31), num_experts in [1, kMaxExperts], n and k positive multiples of 128.
 void check_grouped_gemm_shape(int64_t m_capacity, int num_experts, int n, int k, const char* n_name,
                               const char* k_name);
+// An A/B switch read from the environment (per call: a getenv is small next to a launch): unset or empty
+// -> `unset_value`, "0" / "1" -> false / true, anything else throws megamoe::Error naming the variable.
+bool env_switch(const char* name, bool unset_value);
 
 }  // namespace megamoe::kernels::detail
