@@ -218,6 +218,7 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
   params.a_tail_trim = resolve_a_tail_trim();
+  params.swiglu_spread = detail::swiglu_spread_enabled();
   const sm90::MathSchedule schedule = resolve_schedule(args.schedule, args.rows_per_expert_hint);
   MEGAMOE_CHECK(args.packing == GemmRole::kGateUp || args.packing == GemmRole::kGateUpInterleaved8,
                 "packing = ", static_cast<int>(args.packing), " must be kGateUp or kGateUpInterleaved8 (GEMM-1 weights)");
@@ -265,6 +266,7 @@ void check_grouped_gemm_shape(int64_t m_capacity, int num_experts, int n, int k,
                               const char* k_name) {
   check_common(m_capacity, num_experts, n, k, n_name, k_name);
 }
+bool swiglu_spread_enabled() { return env_switch("MEGAMOE_SWIGLU_SPREAD", true); }
 bool env_switch(const char* name, bool unset_value) {
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return unset_value;

@@ -23,5 +23,8 @@ void check_grouped_gemm_shape(int64_t m_capacity, int num_experts, int n, int k,
 // An A/B switch read from the environment (per call: a getenv is small next to a launch): unset or empty
 // -> `unset_value`, "0" / "1" -> false / true, anything else throws megamoe::Error naming the variable.
 bool env_switch(const char* name, bool unset_value);
+// MEGAMOE_SWIGLU_SPREAD (default on): the spread SwiGLU epilogue of 64-row GEMM-1 tiles with few rows
+// (swiglu_quant_fp8_spread_epilogue), FP8 split-N and W4A8 2-warpgroup kernels; 0 = the balanced / pair ones.
+bool swiglu_spread_enabled();
 
 }  // namespace megamoe::kernels::detail

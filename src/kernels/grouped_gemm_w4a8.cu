@@ -170,6 +170,7 @@ void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
   params.out_scales = args.out_scales;
   params.activation = clamped ? 1 : 0;
   params.limit = args.activation.limit;
+  params.swiglu_spread = detail::swiglu_spread_enabled();
   params.alpha = args.activation.alpha;
   const int sub_tiles = sm90::choose_w4a8_sub_tiles(args.rows_per_expert_hint, args.num_experts, params.n,
                                                     detail::grouped_gemm_sm_count());

@@ -61,6 +61,9 @@ struct GroupedGemmParams {
   // Tail trim (produce_fp8_tile_trimmed; the standalone kernel's A map box is kATrimRows rows): the
   // producer loads only the 64-row chunks of a tile that hold rows of its expert. false: all of them.
   bool a_tail_trim = false;
+  // SwiGLU epilogue of 64 x 256 split-N tiles with at most 16 rows: the spread variant
+  // (swiglu_quant_fp8_spread_epilogue; MEGAMOE_SWIGLU_SPREAD=0 keeps the balanced one everywhere).
+  bool swiglu_spread = true;
 };
 
 // v9 skew (an experiment, GroupedGemm1Fp8Args::v9_skew_kblocks): math warpgroup 1 starts its first
@@ -982,6 +985,89 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
                                                              topk_weights, out, out_scales, activation, limit, alpha);
 }
 
+// Spread SwiGLU epilogue (session 11) for a split-N 64 x 256 GEMM-1 tile (math warpgroup 0 = the 128 gate
+// columns, 1 = the 128 up columns of the same outputs, wgmma m64n128 fragments) that holds few rows of its
+// expert (valid_rows = m_end - m0 <= kMaxRows). Shared by the FP8 split-N kernel and the W4A8 kernels.
+// Why: the balanced / pair epilogues finish a row in the warp whose fragment holds it, so at 8 rows per
+// expert ONE warp of the eight activates, quantizes and stores the whole 8 x 128 block (32 activations and
+// 32 IEEE divisions per lane, a serial chain) while the tensor cores idle: an ablation (docs/perf.md,
+// session 11) measured the W4A8 GEMM-1 epilogue at ~30% of the kernel at 8 rows (dsv3, 32 experts), and
+// FP8 GEMM 1 runs ~35 µs (15%) over its weight stream there. Here every math warp finishes whole rows:
+//   1. (both warpgroups) every warp holding a valid row writes its FP32 values of the valid rows into
+//      staging[math_wg][row][128] (gate block, then up block);
+//   2. barrier; math warp v (0..7) finishes rows v, v + 8, ... < valid_rows: lane l takes columns 4 l ..
+//      4 l + 3 (one 16-byte read from each block), activate(gate, up), the row's amax by a 5-step warp
+//      reduction, the top-k weight and the quantization, one 4-byte store of 4 codes (a warp stores the
+//      row's 128 contiguous bytes), lane 0 the row's scale;
+//   3. barrier: the staging is free again.
+// NOTES:
+// - Bit-identical to swiglu_quant_fp8_finish_rows and w4a8_swiglu_quant_fp8_epilogue: per element the same
+//   activate(gate, up), an amax over the same 128 |values| (fmaxf: exact, order-free), the same weight
+//   multiply, scale and IEEE divisions, and __nv_cvt_float2_to_fp8x2 on the same column pairs.
+// - Staging layout: element (row, column c) at row * 128 + (c ^ 4 (row & 7)) floats in each block (the XOR
+//   leaves bits 0-1 alone, so float2 / float4 groups stay contiguous and aligned). Step 1's float2 stores of a
+//   warp (8 rows x 4 lanes x 2 columns per instruction) then spread over all 32 banks (2 wavefronts, the
+//   minimum for 256 bytes); step 2 reads whole rows (conflict-free).
+// - staging: 2 * kMaxRows * 128 floats that nothing else uses between the first and the last barrier. The
+//   first barrier orders the writes after anything the previous use of the region did: the caller makes sure
+//   every reader or writer of the region from before this tile reaches that barrier first (FP8: the bulk-store
+//   epilogue's copies of the previous tile, waited for here; W4A8: the decoded tiles, whose last wgmma every
+//   warp waited for before its epilogue).
+// - named barrier `barrier_id` with 256 threads (both math warpgroups), three times per call.
+template <int kMaxRows, bool kCoherentScales, bool kWaitBulkReads>
+__device__ __forceinline__ void swiglu_quant_fp8_spread_epilogue(const float (&accumulator)[64], float* staging,
+                                                                 int math_wg, int m0, int valid_rows, int n_tile,
+                                                                 int out_cols, const float* topk_weights,
+                                                                 uint8_t* out, float* out_scales, int activation,
+                                                                 float limit, float alpha, uint32_t barrier_id) {
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = (threadIdx.x % 128) / 32;
+  if constexpr (kWaitBulkReads) {
+    if (lane < 8) bulk_wait_all_read();  // the previous tile's bulk copies read this region
+  }
+  named_barrier_sync(barrier_id, 256);
+  float* block = staging + math_wg * kMaxRows * 128;
+  if (16 * warp_in_wg < valid_rows) {  // warp-uniform
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * warp_in_wg + lane / 4 + 8 * h;
+      if (row >= valid_rows) continue;
+      float* row_base = block + row * 128;
+      const int swizzle = (row & 7) << 2;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<float2*>(row_base + ((8 * j + 2 * (lane % 4)) ^ swizzle)) =
+            make_float2(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+    }
+  }
+  named_barrier_sync(barrier_id, 256);
+  for (int row = math_wg * 4 + warp_in_wg; row < valid_rows; row += 8) {
+    const int column = (4 * lane) ^ ((row & 7) << 2);
+    const float4 gate = *reinterpret_cast<const float4*>(staging + row * 128 + column);
+    const float4 up = *reinterpret_cast<const float4*>(staging + (kMaxRows + row) * 128 + column);
+    const float h0 = activate(gate.x, up.x, activation, limit, alpha);
+    const float h1 = activate(gate.y, up.y, activation, limit, alpha);
+    const float h2 = activate(gate.z, up.z, activation, limit, alpha);
+    const float h3 = activate(gate.w, up.w, activation, limit, alpha);
+    float amax = fmaxf(fmaxf(fabsf(h0), fabsf(h1)), fmaxf(fabsf(h2), fabsf(h3)));
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    const int out_row = m0 + row;
+    const float weight = topk_weights ? load_scale<kCoherentScales>(topk_weights + out_row) : 1.0f;
+    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax, fabsf(weight)), 1e-10f), 448.0f);
+    const uint32_t low = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fdiv_rn(__fmul_rn(h0, weight), scale), __fdiv_rn(__fmul_rn(h1, weight), scale)), __NV_SATFINITE,
+        __NV_E4M3);
+    const uint32_t high = __nv_cvt_float2_to_fp8x2(
+        make_float2(__fdiv_rn(__fmul_rn(h2, weight), scale), __fdiv_rn(__fmul_rn(h3, weight), scale)), __NV_SATFINITE,
+        __NV_E4M3);
+    *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(out_row) * out_cols + n_tile * 128 + 4 * lane) =
+        low | (high << 16);
+    if (lane == 0) out_scales[static_cast<int64_t>(out_row) * (out_cols / 128) + n_tile] = scale;
+  }
+  named_barrier_sync(barrier_id, 256);  // every row read: the staging is free again
+}
+
 // v9 GEMM-1 epilogue (Epilogue::kSwigluInterleavedFp8, the standalone kernel): a split-M 128 x 256 tile
 // on gate/up-interleaved-by-8 weights (grouped_gemm.h, kGateUpInterleaved8), so this math warpgroup's
 // accumulator[n] (n-half n of the tile's 256 packed columns) holds, for each of its 64 rows, gate AND up
@@ -1191,6 +1277,17 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                             static_cast<uint8_t*>(params.out), params.out_scales, params.activation,
                                             params.limit, params.alpha);
     } else {
+      // Spread epilogue (see swiglu_quant_fp8_spread_epilogue) for 64 x 256 tiles with few rows; the branch is
+      // CTA-uniform (both warpgroups see the same tile).
+      constexpr int kSpreadRows = Layout::kExchangeBytes / (2 * 128 * 4);
+      if constexpr (kSubTilesM == 1 && kWarpgroupsM == 1 && kSpreadRows >= 8) {
+        if (params.swiglu_spread && t.m_end - t.m0 <= kSpreadRows) {
+          swiglu_quant_fp8_spread_epilogue<kSpreadRows, false, true>(
+              accumulator[0], smem.exchange, math_wg, t.m0, t.m_end - t.m0, t.n_tile, params.n / 2, params.topk_weights,
+              static_cast<uint8_t*>(params.out), params.out_scales, params.activation, params.limit, params.alpha, 1);
+          continue;
+        }
+      }
       swiglu_quant_fp8_epilogue<Layout, false, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
                                                params.topk_weights, static_cast<uint8_t*>(params.out),
                                                params.out_scales, params.activation, params.limit, params.alpha);

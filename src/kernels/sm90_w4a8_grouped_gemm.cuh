@@ -67,7 +67,12 @@ struct W4a8GemmParams {
   int m_capacity = 0, num_experts = 0, n = 0, k = 0;
   int activation = 0;                             // 0 = silu*up, 1 = clamped SwiGLU
   float limit = 0.f, alpha = 0.f;
+  // SwiGLU epilogue of 64-row tiles with at most kW4a8SpreadRows rows (the standalone 2-warpgroup kernel):
+  // swiglu_quant_fp8_spread_epilogue (sm90_fp8_grouped_gemm.cuh); MEGAMOE_SWIGLU_SPREAD=0 turns it off.
+  bool swiglu_spread = true;
 };
+// Rows of the spread epilogue's staging in the (then idle) decoded tiles: 2 x 32 x 512 B = 32 KiB of the 64 KiB.
+constexpr int kW4a8SpreadRows = 32;
 
 constexpr int kW4a8BlockN = 256;
 constexpr int kW4a8Fp4RowBytes = kBlockK / 2;  // 64 bytes of FP4 per row per 128-K slice
@@ -80,6 +85,8 @@ constexpr uint32_t kW4a8DecodeBarrier = 2;
 // Named barriers kW4a8PairBarrier + w (w = warp in its warpgroup, 64 threads each) of the SwiGLU epilogue's
 // warp pairs, in both kernels (the fused kernel uses ids 1-6 itself: sm90_mega_moe.cuh).
 constexpr uint32_t kW4a8PairBarrier = 8;
+// Named barrier of the spread SwiGLU epilogue (256 threads) in the standalone 2-warpgroup kernel.
+constexpr uint32_t kW4a8SpreadBarrier = 1;
 
 // kStagingRows (the fused kernel): rows of BF16 staging per math warpgroup for store_bf16_epilogue_bulk
 // (sm90_fp8_grouped_gemm.cuh), 0 = none (the standalone kernel stores BF16 directly). The staging rows
@@ -568,6 +575,20 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       w4a8_store_bf16_epilogue<kSubTilesM>(accumulator, where, static_cast<__nv_bfloat16*>(params.out), params.n,
                                            t.n_tile * kW4a8BlockN + math_wg * 128);
     } else {
+      if constexpr (kSubTilesM == 1) {
+        static_assert(2 * kW4a8SpreadRows * 128 * 4 <= 2 * kMathWarpgroups * Layout::kDecodedBytes,
+                      "the spread staging lives in the decoded tiles");
+        // CTA-uniform branch. The spread epilogue's first barrier comes after both warpgroups' last wgmma
+        // of the tile (wgmma_wait<0> in the mainloop), so the decoded tiles are idle; the next tile's first
+        // decode comes after its last barrier.
+        if (params.swiglu_spread && t.m_end - t.m0 <= kW4a8SpreadRows) {
+          swiglu_quant_fp8_spread_epilogue<kW4a8SpreadRows, false, false>(
+              accumulator[0], reinterpret_cast<float*>(smem.decoded), math_wg, t.m0, t.m_end - t.m0, t.n_tile,
+              params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out), params.out_scales,
+              params.activation, params.limit, params.alpha, kW4a8SpreadBarrier);
+          continue;
+        }
+      }
       w4a8_swiglu_quant_fp8_epilogue<Layout, false>(accumulator, smem.exchange, math_wg, where, t.n_tile, params.n / 2,
                                                     params.topk_weights, static_cast<uint8_t*>(params.out),
                                                     params.out_scales, params.activation, params.limit, params.alpha);

@@ -791,6 +791,31 @@ TEST(GroupedGemmFp8, ATailTrimOnAndOff) {
   unsetenv("MEGAMOE_FP8_A_TAIL_TRIM");
 }
 
+// Spread SwiGLU epilogue (swiglu_quant_fp8_spread_epilogue: 64 x 256 split-N tiles with <= 16 rows of their
+// expert) and the balanced one (MEGAMOE_SWIGLU_SPREAD=0): exact inputs, so both must equal the device
+// evaluation of the epilogue arithmetic bit for bit (run_gemm1); experts of 0..64 rows, so tiles take both
+// epilogues one after the other (the balanced one's bulk copies, then the spread one's staging writes);
+// both activations, with and without top-k; random inputs against the fp64 bounds.
+TEST(GroupedGemmFp8, Gemm1SpreadEpilogueOnAndOff) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  Activation clamped;
+  clamped.kind = Activation::Kind::kSwigluClamped;
+  clamped.limit = 7.0f;
+  clamped.alpha = 1.702f;
+  const std::vector<int> counts{1, 0, 5, 8, 9, 15, 16, 17, 33, 64, 2, 16};
+  for (const char* spread : {"0", "1"}) {
+    SCOPED_TRACE(std::string("MEGAMOE_SWIGLU_SPREAD=") + spread);
+    ASSERT_EQ(setenv("MEGAMOE_SWIGLU_SPREAD", spread, 1), 0);
+    run_gemm1(counts, 256, 256, 91, Activation{}, true, true, 8, Fp8GemmSchedule::kSerial, false);
+    run_gemm1(counts, 384, 384, 92, clamped, false, true, 16, Fp8GemmSchedule::kPingPong, false);
+    run_gemm1(counts, 512, 256, 93, clamped, true, true, 32, Fp8GemmSchedule::kSerial, false);
+    run_gemm1(counts, 512, 256, 94, Activation{}, true, false, 8);
+  }
+  ASSERT_EQ(setenv("MEGAMOE_SWIGLU_SPREAD", "2", 1), 0);
+  EXPECT_THROW(run_gemm1({5}, 256, 256, 95, Activation{}, true, false, 8), Error);
+  unsetenv("MEGAMOE_SWIGLU_SPREAD");
+}
+
 // Runs without a GPU: the GEMM-1 packing is checked before any CUDA call.
 TEST(GroupedGemmFp8, RejectsBadGemm1Packing) {
   alignas(16) static uint8_t fake[64];

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <memory>
 #include <random>
 #include <string>
@@ -267,8 +268,11 @@ double e4m3_ulp(double magnitude) {
   return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(magnitude))) - 3);
 }
 
-void run_gemm1(WeightFormat format, const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed,
-               const Activation& act, bool use_topk, bool exact, int rows_hint) {
+// Returns the codes and scales (for comparisons between kernel variants on the same inputs).
+std::pair<std::vector<uint8_t>, std::vector<float>> run_gemm1(WeightFormat format, const std::vector<int>& counts,
+                                                              int hidden, int intermediate, uint64_t seed,
+                                                              const Activation& act, bool use_topk, bool exact,
+                                                              int rows_hint) {
   W4a8Problem p = make_problem(format, counts, 2 * intermediate, hidden, seed, exact);
   if (act.kind == Activation::Kind::kSwigluClamped)  // make the clamp bite
     for (auto& s : p.a_scales) s *= 6.0f;
@@ -369,6 +373,7 @@ void run_gemm1(WeightFormat format, const std::vector<int>& counts, int hidden, 
   } else {
     EXPECT_LT(rel_l2, 1e-2);
   }
+  return {q, scales};
 }
 
 constexpr WeightFormat kFormats[] = {WeightFormat::kNvfp4, WeightFormat::kMxfp4};
@@ -490,3 +495,48 @@ TEST(GroupedGemmW4a8, RejectsBadInputs) {
 
 }  // namespace
 }  // namespace megamoe
+
+// Spread SwiGLU epilogue (swiglu_quant_fp8_spread_epilogue, 64-row tiles with <= 32 rows of their expert in
+// the 2-warpgroup kernel) against the pair epilogue (MEGAMOE_SWIGLU_SPREAD=0) on the same inputs: codes and
+// scales bit-identical (same per-element arithmetic), random and exact inputs, both activations, with and
+// without top-k, experts of 0..64 rows so tiles take both epilogues (33 and 64 rows: the pair one).
+TEST(GroupedGemmW4a8, Gemm1SpreadEpilogueOnAndOff) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedEnv kernel("MEGAMOE_W4A8_SMALL_M", "0");
+  Activation clamped;
+  clamped.kind = Activation::Kind::kSwigluClamped;
+  clamped.limit = 7.0f;
+  clamped.alpha = 1.702f;
+  const std::vector<int> counts{1, 0, 5, 8, 9, 15, 16, 17, 31, 32, 33, 64};
+  struct Case {
+    WeightFormat format;
+    int hidden, intermediate;
+    uint64_t seed;
+    Activation act;
+    bool topk, exact;
+    int hint;
+  };
+  const Case cases[] = {
+      {WeightFormat::kNvfp4, 512, 256, 1401, Activation{}, true, false, 8},
+      {WeightFormat::kMxfp4, 384, 384, 1402, clamped, false, false, 16},
+      {WeightFormat::kNvfp4, 256, 384, 1403, clamped, true, true, 32},
+      {WeightFormat::kMxfp4, 512, 256, 1404, Activation{}, false, true, 64},
+  };
+  for (const Case& c : cases) {
+    std::pair<std::vector<uint8_t>, std::vector<float>> results[2];
+    for (int spread = 0; spread < 2; ++spread) {
+      SCOPED_TRACE(std::string("MEGAMOE_SWIGLU_SPREAD=") + (spread ? "1" : "0"));
+      const ScopedEnv env("MEGAMOE_SWIGLU_SPREAD", spread ? "1" : "0");
+      results[spread] = run_gemm1(c.format, counts, c.hidden, c.intermediate, c.seed, c.act, c.topk, c.exact, c.hint);
+    }
+    ASSERT_EQ(results[0].first.size(), results[1].first.size());
+    int64_t code_diffs = 0;
+    for (size_t i = 0; i < results[0].first.size(); ++i) code_diffs += results[0].first[i] != results[1].first[i];
+    EXPECT_EQ(code_diffs, 0) << "spread vs pair epilogue codes, seed " << c.seed;
+    EXPECT_EQ(std::memcmp(results[0].second.data(), results[1].second.data(), results[0].second.size() * sizeof(float)),
+              0)
+        << "spread vs pair epilogue scales, seed " << c.seed;
+    std::printf("w4a8 gemm1 spread vs pair epilogue (seed %llu): %lld of %zu codes differ\n",
+                static_cast<unsigned long long>(c.seed), static_cast<long long>(code_diffs), results[0].first.size());
+  }
+}
