@@ -494,8 +494,6 @@ TEST(GroupedGemmW4a8, RejectsBadInputs) {
 }
 
 }  // namespace
-}  // namespace megamoe
-
 // Spread SwiGLU epilogue (swiglu_quant_fp8_spread_epilogue, 64-row tiles with <= 32 rows of their expert in
 // the 2-warpgroup kernel) against the pair epilogue (MEGAMOE_SWIGLU_SPREAD=0) on the same inputs: codes and
 // scales bit-identical (same per-element arithmetic), random and exact inputs, both activations, with and
@@ -540,3 +538,5 @@ TEST(GroupedGemmW4a8, Gemm1SpreadEpilogueOnAndOff) {
                 static_cast<unsigned long long>(c.seed), static_cast<long long>(code_diffs), results[0].first.size());
   }
 }
+
+}  // namespace megamoe
