@@ -70,19 +70,25 @@ void launch_small_m(const uint8_t* a, const uint8_t* weight_data, const W4a8Gemm
 // 2-warpgroup kernel in one call (docs/grouped_gemm.md "W4A8 v4"): GEMM 1 (SwiGLU epilogue) +2..+16% at
 // 8-128 rows, GEMM 2 / plain (BF16 out) -1..-8%. So by default GEMM 1 only; MEGAMOE_W4A8_SMALL_M=1 takes
 // it for both, =0 for neither (A/B runs; read per call, as MEGAMOE_FP8_GEMM_SCHEDULE).
-bool use_small_m_kernel(W4a8Epilogue epilogue) {
+// Session 11: with the spread SwiGLU epilogue (tiles of <= kW4a8SpreadRows rows) the 2-warpgroup kernel
+// beats the small-M one on GEMM 1 up to 32 rows per expert (dsv3 nvfp4 8 / 16 / 32 rows: 230 / 234 / 252 vs
+// 255 / 250 / 252 µs; qwen3-30b 45 / 47 / 51 vs 54 / 51 / 52; docs/perf.md "Session 11"), so auto keeps GEMM 1
+// on the 2-warpgroup kernel for rows hints 1..32 while the spread epilogue is on.
+bool use_small_m_kernel(W4a8Epilogue epilogue, int rows_hint) {
   const char* value = std::getenv("MEGAMOE_W4A8_SMALL_M");
   const std::string text = value ? value : "";
-  if (text.empty() || text == "auto") return epilogue == W4a8Epilogue::kSwigluQuantFp8;
+  if (text.empty() || text == "auto")
+    return epilogue == W4a8Epilogue::kSwigluQuantFp8 &&
+           !(rows_hint >= 1 && rows_hint <= sm90::kW4a8SpreadRows && detail::swiglu_spread_enabled());
   MEGAMOE_CHECK(text == "0" || text == "1", "MEGAMOE_W4A8_SMALL_M = '", text, "' must be auto, 0 or 1");
   return text == "1";
 }
 
 template <W4a8Epilogue kEpilogue>
-void dispatch(WeightFormat format, int sub_tiles, const uint8_t* a, const uint8_t* data, const W4a8GemmParams& params,
-              cudaStream_t stream) {
+void dispatch(WeightFormat format, int sub_tiles, int rows_hint, const uint8_t* a, const uint8_t* data,
+              const W4a8GemmParams& params, cudaStream_t stream) {
   const bool nvfp4 = format == WeightFormat::kNvfp4;
-  if (sub_tiles == 1 && use_small_m_kernel(kEpilogue)) {
+  if (sub_tiles == 1 && use_small_m_kernel(kEpilogue, rows_hint)) {
     if (nvfp4) launch_small_m<Fp4Format::kNvfp4, kEpilogue>(a, data, params, stream);
     else launch_small_m<Fp4Format::kMxfp4, kEpilogue>(a, data, params, stream);
   } else if (sub_tiles == 1) {
@@ -134,7 +140,7 @@ void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w,
   detail::check_grouped_gemm_pointer(out, "out");
   const W4a8GemmParams params = base_params(a_scales, w, offsets, out, m_capacity, num_experts, n, k);
   const int sub_tiles = sm90::choose_w4a8_sub_tiles(rows_hint, num_experts, n, detail::grouped_gemm_sm_count());
-  dispatch<W4a8Epilogue::kStoreBf16>(w.format, sub_tiles, a, w.data, params, stream);
+  dispatch<W4a8Epilogue::kStoreBf16>(w.format, sub_tiles, rows_hint, a, w.data, params, stream);
 }
 
 }  // namespace
@@ -174,7 +180,8 @@ void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
   params.alpha = args.activation.alpha;
   const int sub_tiles = sm90::choose_w4a8_sub_tiles(args.rows_per_expert_hint, args.num_experts, params.n,
                                                     detail::grouped_gemm_sm_count());
-  dispatch<W4a8Epilogue::kSwigluQuantFp8>(args.weights.format, sub_tiles, args.a, args.weights.data, params, stream);
+  dispatch<W4a8Epilogue::kSwigluQuantFp8>(args.weights.format, sub_tiles, args.rows_per_expert_hint, args.a,
+                                          args.weights.data, params, stream);
 }
 
 }  // namespace megamoe::kernels
