@@ -4,8 +4,8 @@
 // slower than the FP8 tiles (rows of 128 bytes) because each stage touches only half of every row's
 // 128-byte line, and would a k-blocked layout (each stage's 256 x 64 B one contiguous 16 KiB) fix it?
 //
-// Build + run (one H200):  nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a \
-//     bench/probes/tma_row_stream.cu -lcuda -o /tmp/tma_row_stream && /tmp/tma_row_stream
+// Build: the CMake target megamoe_probe_tma_row_stream, or by hand on the device:
+//   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a bench/probes/tma_row_stream.cu -lcuda -o /tmp/p
 // Output: one line per (pattern, shape, stages): µs per pass over all weights and GB/s.
 #include <cuda.h>
 #include <cuda/ptx>
