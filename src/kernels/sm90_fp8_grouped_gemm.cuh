@@ -61,7 +61,7 @@ struct GroupedGemmParams {
   // Tail trim (produce_fp8_tile_trimmed; the standalone kernel's A map box is kATrimRows rows): the
   // producer loads only the 64-row chunks of a tile that hold rows of its expert. false: all of them.
   bool a_tail_trim = false;
-  // SwiGLU epilogue of 64 x 256 split-N tiles with at most 16 rows: the spread variant
+  // SwiGLU epilogue of 64 x 256 split-N tiles with at most 32 rows: the spread variant
   // (swiglu_quant_fp8_spread_epilogue; MEGAMOE_SWIGLU_SPREAD=0 keeps the balanced one everywhere).
   bool swiglu_spread = true;
 };
@@ -1152,12 +1152,16 @@ __device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulat
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
 // Shared-memory layout of the standalone kernel: scales staged in shared memory (v8) except for the
 // kHalfOverlap schedule, which keeps its own software-pipelined global loads.
+// The 64 x 256 split-N SwiGLU layout also reserves 64 BF16 staging rows (34,816 B, aliasing the 16 KiB exchange
+// buffer; nothing else uses them there): room for the spread epilogue's staging of 32 rows (32 KiB), which the
+// 16 KiB exchange buffer alone limits to 16 (session 11: GEMM 1 at 17-32 rows ran slower than at 64).
+// 4 stages: 163,840 + 34,816 + 1,056 + 64 + 12,300 + 1,024 = 213,100 B at 1024 experts.
 template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
 using StandaloneFp8Layout = GroupedGemmLayout<
     kWarpgroupsM, kSubTilesM, kStages, kEpilogue,
     kEpilogue == Epilogue::kStoreBf16
         ? standalone_bf16_staging_rows<kWarpgroupsM, kSubTilesM, kStages, kSchedule != MathSchedule::kHalfOverlap>()
-        : 0,
+        : (kEpilogue == Epilogue::kSwigluQuantFp8 && kWarpgroupsM == 1 && kSubTilesM == 1 ? 64 : 0),
     kSchedule != MathSchedule::kHalfOverlap>;
 
 template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, MathSchedule kSchedule>
@@ -1279,7 +1283,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     } else {
       // Spread epilogue (see swiglu_quant_fp8_spread_epilogue) for 64 x 256 tiles with few rows; the branch is
       // CTA-uniform (both warpgroups see the same tile).
-      constexpr int kSpreadRows = Layout::kExchangeBytes / (2 * 128 * 4);
+      constexpr int kSpreadRows =
+          Layout::kExchangeRegionBytes / (2 * 128 * 4) < 32 ? Layout::kExchangeRegionBytes / (2 * 128 * 4) : 32;
       if constexpr (kSubTilesM == 1 && kWarpgroupsM == 1 && kSpreadRows >= 8) {
         if (params.swiglu_spread && t.m_end - t.m0 <= kSpreadRows) {
           swiglu_quant_fp8_spread_epilogue<kSpreadRows, false, true>(

@@ -791,7 +791,7 @@ TEST(GroupedGemmFp8, ATailTrimOnAndOff) {
   unsetenv("MEGAMOE_FP8_A_TAIL_TRIM");
 }
 
-// Spread SwiGLU epilogue (swiglu_quant_fp8_spread_epilogue: 64 x 256 split-N tiles with <= 16 rows of their
+// Spread SwiGLU epilogue (swiglu_quant_fp8_spread_epilogue: 64 x 256 split-N tiles with <= 32 rows of their
 // expert) and the balanced one (MEGAMOE_SWIGLU_SPREAD=0): exact inputs, so both must equal the device
 // evaluation of the epilogue arithmetic bit for bit (run_gemm1); experts of 0..64 rows, so tiles take both
 // epilogues one after the other (the balanced one's bulk copies, then the spread one's staging writes);
@@ -802,7 +802,7 @@ TEST(GroupedGemmFp8, Gemm1SpreadEpilogueOnAndOff) {
   clamped.kind = Activation::Kind::kSwigluClamped;
   clamped.limit = 7.0f;
   clamped.alpha = 1.702f;
-  const std::vector<int> counts{1, 0, 5, 8, 9, 15, 16, 17, 33, 64, 2, 16};
+  const std::vector<int> counts{1, 0, 5, 8, 9, 15, 16, 17, 31, 32, 33, 64, 2, 16};
   for (const char* spread : {"0", "1"}) {
     SCOPED_TRACE(std::string("MEGAMOE_SWIGLU_SPREAD=") + spread);
     ASSERT_EQ(setenv("MEGAMOE_SWIGLU_SPREAD", spread, 1), 0);
