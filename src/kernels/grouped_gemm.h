@@ -96,6 +96,10 @@ void pack_expert_weights(const formats::QuantizedMatrix& canonical, GemmRole rol
 enum class Fp8GemmSchedule : uint8_t { kAuto, kSerial, kPingPong, kOverlap };
 
 // GEMM 1 (gate+up, activation, optional top-k weight, requant) on FP8-block weights.
+// Epilogue of 64 x 256 split-N tiles holding <= 32 rows of their expert (and of the W4A8 2-warpgroup kernel's):
+// the spread variant, where every math warp finishes whole rows (docs/grouped_gemm.md "Spread SwiGLU
+// epilogue"; bit-identical); the environment variable MEGAMOE_SWIGLU_SPREAD=0 turns it off for A/B runs
+// (read per call; anything but unset / empty / 0 / 1 is a megamoe::Error).
 struct GroupedGemm1Fp8Args {
   const uint8_t* a = nullptr;           // [m_capacity, hidden] E4M3
   const float* a_scales = nullptr;      // [m_capacity, hidden/128]
