@@ -9,17 +9,9 @@
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 source scripts/use_prebuilt.sh main >/dev/null || exit 1
-B=$PREBUILT; T=$B/tests; summary=(); start=$(date +%s)
-pack() { tar -czf "$out/session11.tgz" -C "$logs" . 2>/dev/null; }
-step() {
-  local name=$1 limit=$2; shift 2; local t0=$(date +%s) rc=0 left=$(( 550 - ($(date +%s) - start) ))
-  [ "$left" -lt 15 ] && { summary+=("$name|skipped|-"); return 1; }
-  [ "$limit" -gt "$left" ] && limit=$left
-  timeout "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
-  summary+=("$name|$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")|$(( $(date +%s) - t0 ))s")
-  [ $rc -ne 0 ] && grep -E "FAILED|Failure|rror" "$logs/$name.log" | head -10
-  pack; return $rc
-}
+B=$PREBUILT; T=$B/tests
+budget_s=550; pack_name=session11.tgz
+source scripts/device_steps.sh
 step test_gpu 160 bash -c 'pids=(); rc=0; for i in 0 1; do
     CUDA_VISIBLE_DEVICES=$i GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i "$0" >"$1.$i" 2>&1 & pids+=($!); done
   for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$T/megamoe_tests_gpu" "$logs/test_gpu_shard"
@@ -47,6 +39,5 @@ for k in sorted(t):
     print("%-10s %6d | %10.0f %10.0f | %7.3f   (all: %s / %s)" % (k[0], k[1], a, b, a / b if b else 0,
           ["%.0f" % x for x in t[k]["0"]], ["%.0f" % x for x in t[k]["1"]]))
 PY
-printf '\n%-24s %-12s %s\n' step result time
-for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-24s %-12s %s\n' "$a" "$b" "$c"; done
+print_summary
 pack

@@ -9,17 +9,9 @@
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 source scripts/use_prebuilt.sh swiglu-spread "${1:-.}" >/dev/null || exit 1
-B=$PREBUILT; T=$B/tests; summary=(); start=$(date +%s)
-pack() { tar -czf "$out/swiglu_spread.tgz" -C "$logs" . 2>/dev/null; }
-step() {
-  local name=$1 limit=$2; shift 2; local t0=$(date +%s) rc=0 left=$(( 275 - ($(date +%s) - start) ))
-  [ "$left" -lt 10 ] && { summary+=("$name|skipped|-"); return 1; }
-  [ "$limit" -gt "$left" ] && limit=$left
-  timeout "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
-  summary+=("$name|$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")|$(( $(date +%s) - t0 ))s")
-  [ $rc -ne 0 ] && grep -E "FAILED|Failure|rror" "$logs/$name.log" | head -10
-  pack; return $rc
-}
+B=$PREBUILT; T=$B/tests
+budget_s=275; pack_name=swiglu_spread.tgz
+source scripts/device_steps.sh
 step test_gemm 150 "$T/megamoe_tests_gpu" --gtest_filter='GroupedGemm*'
 for round in 1 2; do
   for s in 0 1; do
@@ -48,6 +40,5 @@ for k in sorted(t):
     c = "%9.1f" % min(v["smallm"]) if v["smallm"] else "%9s" % "-"
     print("%-5s %-10s %5d | %9.1f %9.1f %7.3f | %s" % (k[0], k[1], k[2], a, b, a / b if b else 0, c))
 PY
-printf '\n%-20s %-12s %s\n' step result time
-for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-20s %-12s %s\n' "$a" "$b" "$c"; done
+print_summary
 pack

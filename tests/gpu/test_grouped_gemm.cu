@@ -701,10 +701,7 @@ TEST(GroupedGemmFp8, Gemm1ExactInputsMatchQuantizedReference) {
 // with and without the top-k weight, experts of 0 / 1 / non-multiple-of-tile rows.
 TEST(GroupedGemmFp8, Gemm1ExactInputsMatchDeviceArithmetic) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation clamped;
-  clamped.kind = Activation::Kind::kSwigluClamped;
-  clamped.limit = 7.0f;
-  clamped.alpha = 1.702f;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   // Only the device-arithmetic equality is asserted here (fp64_bounds = false): the first device run
   // failed the fp64 reference's flip / rel-L2 bounds of the exact-input tests on these shapes with the
   // OLD kernel as well (0 codes differed from the device arithmetic), so those bounds are the other
@@ -732,10 +729,7 @@ TEST(GroupedGemmFp8, Gemm1SiluTopk) {
 
 TEST(GroupedGemmFp8, Gemm1SwigluClampedNoTopk) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation act;
-  act.kind = Activation::Kind::kSwigluClamped;
-  act.limit = 7.0f;
-  act.alpha = 1.702f;
+  const Activation act{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   run_gemm1({5, 0, 129, 1}, 384, 384, 22, act, false);
 }
 
@@ -754,10 +748,7 @@ TEST(GroupedGemmFp8, Gemm1V9ManyTilesPerCta) {
   std::vector<int> counts(300);
   for (auto& c : counts) c = static_cast<int>(rng() % 71);
   counts[0] = 0, counts[1] = 1, counts[2] = 64, counts[3] = 65, counts[299] = 0;
-  Activation clamped;
-  clamped.kind = Activation::Kind::kSwigluClamped;
-  clamped.limit = 7.0f;
-  clamped.alpha = 1.702f;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   run_gemm1(counts, 128, 256, 62, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
   run_gemm1(counts, 128, 384, 63, clamped, false, true, 128, Fp8GemmSchedule::kPingPong, false);
   // The v9 skew (warpgroup 1 that many k-blocks behind; the v9 run inside run_gemm1 reads it from the
@@ -798,10 +789,7 @@ TEST(GroupedGemmFp8, ATailTrimOnAndOff) {
 // both activations, with and without top-k; random inputs against the fp64 bounds.
 TEST(GroupedGemmFp8, Gemm1SpreadEpilogueOnAndOff) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation clamped;
-  clamped.kind = Activation::Kind::kSwigluClamped;
-  clamped.limit = 7.0f;
-  clamped.alpha = 1.702f;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   const std::vector<int> counts{1, 0, 5, 8, 9, 15, 16, 17, 31, 32, 33, 64, 2, 16};
   for (const char* spread : {"0", "1"}) {
     SCOPED_TRACE(std::string("MEGAMOE_SWIGLU_SPREAD=") + spread);
@@ -880,10 +868,7 @@ TEST(GroupedGemmFp8, ScheduleVariantsPlainAllTiles) {
 
 TEST(GroupedGemmFp8, ScheduleVariantsGemm1AllTiles) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation clamped;
-  clamped.kind = Activation::Kind::kSwigluClamped;
-  clamped.limit = 7.0f;
-  clamped.alpha = 1.702f;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap}) {
     const uint64_t seed = schedule == Fp8GemmSchedule::kPingPong ? 4100 : 5100;
     run_gemm1({0, 1, 70, 63, 65, 130}, 512, 256, seed + 1, Activation{}, true, false, 0, schedule);   // 128 x 256

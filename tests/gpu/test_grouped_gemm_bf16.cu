@@ -389,10 +389,7 @@ TEST(GroupedGemmBf16, Gemm1SiluTopk) {
 
 TEST(GroupedGemmBf16, Gemm1SwigluClampedNoTopk) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation act;
-  act.kind = Activation::Kind::kSwigluClamped;
-  act.limit = 7.0f;
-  act.alpha = 1.702f;
+  const Activation act{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   run_gemm1({5, 0, 129, 1}, 384, 384, 4022, act, false, false, 0);
 }
 
@@ -431,10 +428,7 @@ TEST(GroupedGemmBf16, V2Gemm1SiluTopk) {
 
 TEST(GroupedGemmBf16, V2Gemm1SwigluClamped) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation act;
-  act.kind = Activation::Kind::kSwigluClamped;
-  act.limit = 7.0f;
-  act.alpha = 1.702f;
+  const Activation act{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   expect_v2_gemm1_matches_v1({5, 0, 129, 1, 64}, 384, 384, 4335, act, false, false, 0);
   expect_v2_gemm1_matches_v1({5, 0, 129, 1, 65}, 256, 256, 4336, act, true, false, 0);
 }

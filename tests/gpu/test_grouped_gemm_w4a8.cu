@@ -411,10 +411,7 @@ TEST(GroupedGemmW4a8, Gemm1SiluTopk) {
 
 TEST(GroupedGemmW4a8, Gemm1SwigluClampedNoTopk) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation act;
-  act.kind = Activation::Kind::kSwigluClamped;
-  act.limit = 7.0f;
-  act.alpha = 1.702f;
+  const Activation act{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   for (WeightFormat f : kFormats) run_gemm1(f, {5, 0, 129, 1}, 384, 384, 1303, act, false, false, 0);
 }
 
@@ -444,10 +441,7 @@ struct ScopedEnv {
 
 TEST(GroupedGemmW4a8, SmallMKernelEpiloguesAndDeepK) {
   MEGAMOE_REQUIRE_GPUS(1);
-  Activation act;
-  act.kind = Activation::Kind::kSwigluClamped;
-  act.limit = 7.0f;
-  act.alpha = 1.702f;
+  const Activation act{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   // Session 11: GEMM 1 at rows hints <= 32 defaults to the 2-warpgroup kernel (spread epilogue), so the
   // small-M kernel is pinned here for both GEMMs.
   const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "1");
@@ -505,10 +499,7 @@ TEST(GroupedGemmW4a8, RejectsBadInputs) {
 TEST(GroupedGemmW4a8, Gemm1SpreadEpilogueOnAndOff) {
   MEGAMOE_REQUIRE_GPUS(1);
   const ScopedEnv kernel("MEGAMOE_W4A8_SMALL_M", "0");
-  Activation clamped;
-  clamped.kind = Activation::Kind::kSwigluClamped;
-  clamped.limit = 7.0f;
-  clamped.alpha = 1.702f;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   const std::vector<int> counts{1, 0, 5, 8, 9, 15, 16, 17, 31, 32, 33, 64};
   struct Case {
     WeightFormat format;

@@ -1,0 +1,28 @@
+# Shared steps of the one-call device scripts (scripts/gpu_*.sh). Source it after setting
+#   out        the folder whose files come back ($OUT)
+#   logs       a scratch folder for the step logs (packed into $out/$pack_name after every step)
+#   budget_s   seconds the whole script may take (steps are cut to what is left, skipped below 10 s)
+#   pack_name  the tgz name in $out
+# Then:  step NAME LIMIT CMD...   (CMD's output in $logs/NAME.log; a failure prints its first error lines)
+#        print_summary            (the step / result / time table, last in the output)
+summary=()
+device_steps_start=$(date +%s)
+pack() { tar -czf "$out/$pack_name" -C "$logs" . 2>/dev/null; }
+step() {
+  local name=$1 limit=$2; shift 2
+  local t0 rc=0 left
+  t0=$(date +%s)
+  left=$(( budget_s - (t0 - device_steps_start) ))
+  [ "$left" -lt 10 ] && { summary+=("$name|skipped|-"); return 1; }
+  [ "$limit" -gt "$left" ] && limit=$left
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1 || rc=$?
+  summary+=("$name|$([ $rc -eq 0 ] && echo ok || echo "FAIL($rc)")|$(( $(date +%s) - t0 ))s")
+  [ $rc -ne 0 ] && grep -E "FAILED|Failure|rror" "$logs/$name.log" | head -10
+  pack
+  return $rc
+}
+print_summary() {
+  printf '\n%-24s %-12s %s\n' step result time
+  local row a b c
+  for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-24s %-12s %s\n' "$a" "$b" "$c"; done
+}
