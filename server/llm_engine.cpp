@@ -172,16 +172,20 @@ void LLMEngine::admit_new_requests() {
     incoming.swap(inbox_);
   }
   for (auto& request : incoming) {
-    // Balance: the rank with the least outstanding work (tokens still to run or generate) gets it.
-    int best = 0;
+    // Balance: the rank with the least outstanding work (tokens still to run or generate) gets it; ties go
+    // round-robin (the scan starts after the last rank chosen), so requests that each finish before the next
+    // one arrives (idle ranks, all at load 0) still spread over the ranks instead of all landing on rank 0.
+    int best = first_rank_to_try_;
     int64_t best_load = INT64_MAX;
-    for (int r = 0; r < num_ranks(); ++r) {
+    for (int i = 0; i < num_ranks(); ++i) {
+      const int r = (first_rank_to_try_ + i) % num_ranks();
       const int64_t load = schedulers_[size_t(r)]->pending_tokens();
       if (load < best_load) {
         best_load = load;
         best = r;
       }
     }
+    first_rank_to_try_ = (best + 1) % num_ranks();
     request->seq->rank = best;
     schedulers_[size_t(best)]->add(request->seq);
     {

@@ -110,6 +110,7 @@ class LLMEngine {
 
   // Loop-thread state: the requests in the schedulers, by id.
   std::unordered_map<int64_t, std::unique_ptr<Request>> live_;
+  int first_rank_to_try_ = 0;  // admit_new_requests: where the least-load scan starts (round-robin ties)
   int64_t steps_ = 0;
   std::thread thread_;
 };

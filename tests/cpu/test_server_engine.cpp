@@ -109,6 +109,30 @@ TEST(ServerBlockManager, AllocatesReleasesAndNeverLeaks) {
   EXPECT_EQ(blocks.num_free(), 10);
 }
 
+// Requests that each finish before the next one arrives find every rank idle (load 0): the tie goes round-robin,
+// so they still spread over the ranks (session 11: with ties to rank 0 all of them landed there, and a CLI test that
+// expects both worker processes to serve failed whenever its requests happened not to overlap).
+TEST(ServerEngine, SequentialRequestsOnIdleRanksGoRoundRobin) {
+  auto tokenizer = Tokenizer::from_file(kTokenizer);
+  EngineOptions options;
+  options.max_model_len = 256;
+  LLMEngine engine(fake_runners(3, 16, 64), tokenizer, options);
+  megamoe::engine::SamplingParams params;
+  params.temperature = 0;
+  params.max_tokens = 3;
+  params.ignore_eos = true;
+  for (int i = 0; i < 7; ++i) {
+    Pending p = submit(engine, {5, 6, 7, int32_t(8 + i)}, params);
+    wait(p);
+    EXPECT_EQ(p.result->tokens, reference_greedy({5, 6, 7, int32_t(8 + i)}, kVocab, 3, kEos, true)) << "request " << i;
+  }
+  const EngineStats stats = drained_stats(engine);
+  ASSERT_EQ(stats.requests_per_rank.size(), 3u);
+  EXPECT_EQ(stats.requests_per_rank[0], 3);
+  EXPECT_EQ(stats.requests_per_rank[1], 2);
+  EXPECT_EQ(stats.requests_per_rank[2], 2);
+}
+
 TEST(ServerEngine, GreedyMatchesModelUnderChunkingPreemptionAndTwoRanks) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
