@@ -987,7 +987,7 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
 
 // Spread SwiGLU epilogue (session 11) for a split-N 64 x 256 GEMM-1 tile (math warpgroup 0 = the 128 gate
 // columns, 1 = the 128 up columns of the same outputs, wgmma m64n128 fragments) that holds few rows of its
-// expert (valid_rows = m_end - m0 <= kMaxRows). Shared by the FP8 split-N kernel and the W4A8 kernels.
+// expert (valid_rows = m_end - m0 <= kMaxRows). Shared by the FP8 split-N kernel and the W4A8 2-warpgroup kernel.
 // Why: the balanced / pair epilogues finish a row in the warp whose fragment holds it, so at 8 rows per
 // expert ONE warp of the eight activates, quantizes and stores the whole 8 x 128 block (32 activations and
 // 32 IEEE divisions per lane, a serial chain) while the tensor cores idle: an ablation (docs/perf.md,
