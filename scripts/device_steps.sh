@@ -4,6 +4,9 @@
 #   budget_s   seconds the whole script may take (steps are cut to what is left, skipped below 10 s)
 #   pack_name  the tgz name in $out
 # Then:  step NAME LIMIT CMD...   (CMD's output in $logs/NAME.log; a failure prints its first error lines)
+#        step_sharded_gpu_suite NAME LIMIT TESTS   (a gtest binary sharded over GPUs 0 and 1, both shards' output
+#                                 in $logs/NAME.log)
+#        print_test_counts        (the PASSED / FAILED lines of every $logs/test_*.log)
 #        print_summary            (the step / result / time table, last in the output)
 summary=()
 device_steps_start=$(date +%s)
@@ -26,3 +29,10 @@ print_summary() {
   local row a b c
   for row in "${summary[@]}"; do IFS='|' read -r a b c <<<"$row"; printf '%-24s %-12s %s\n' "$a" "$b" "$c"; done
 }
+step_sharded_gpu_suite() {
+  local name=$1 limit=$2 tests=$3
+  step "$name" "$limit" bash -c 'pids=(); rc=0; for i in 0 1; do
+      CUDA_VISIBLE_DEVICES=$i GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i "$0" >"$1.$i" 2>&1 & pids+=($!); done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$tests" "$logs/$name.shard"
+}
+print_test_counts() { grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$logs"/test_*.log | sort | uniq -c; }

@@ -11,9 +11,7 @@ source scripts/use_prebuilt.sh mega-spread >/dev/null || exit 1
 B=$PREBUILT; T=$B/tests
 budget_s=550; pack_name=mega_spread.tgz
 source scripts/device_steps.sh
-step test_gpu 160 bash -c 'pids=(); rc=0; for i in 0 1; do
-    CUDA_VISIBLE_DEVICES=$i GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i "$0" >"$1.$i" 2>&1 & pids+=($!); done
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$T/megamoe_tests_gpu" "$logs/test_gpu_shard"
+step_sharded_gpu_suite test_gpu 160 "$T/megamoe_tests_gpu"
 for round in 1 2; do
   for s in 0 1; do
     step "layer_fused_${s}_$round" 45 env MEGAMOE_SWIGLU_SPREAD=$s "$B/megamoe" bench layer --backend mega \
@@ -24,19 +22,7 @@ for round in 1 2; do
   done
 done
 step test_multigpu 240 env MEGAMOE_TEST_RANKS=2 "$T/megamoe_tests_multigpu"
-grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$logs"/test_*.log | sort | uniq -c
-python3 - "$logs" <<'PY'
-import json, os, sys, collections
-d = sys.argv[1]; t = collections.defaultdict(lambda: collections.defaultdict(list))
-for name in sorted(os.listdir(d)):
-    if not (name.startswith("layer_") and name.endswith(".json")): continue
-    parts = name[:-5].split("_"); backend, s = parts[1], parts[2]
-    for c in json.load(open(os.path.join(d, name)))["cases"]:
-        t[(backend, c["tokens"])][s].append(c["median_us"])
-print("%-7s %6s | %10s %10s | %7s" % ("backend", "tokens", "spread0_us", "spread1_us", "speedup"))
-for k in sorted(t):
-    a = min(t[k]["0"]) if t[k]["0"] else 0; b = min(t[k]["1"]) if t[k]["1"] else 0
-    print("%-7s %6d | %10.0f %10.0f | %7.3f" % (k[0], k[1], a, b, a / b if b else 0))
-PY
+print_test_counts
+python3 scripts/layer_ab_table.py "$logs"
 print_summary
 pack
