@@ -74,12 +74,12 @@ void launch_small_m(const uint8_t* a, const uint8_t* weight_data, const W4a8Gemm
 // beats the small-M one on GEMM 1 up to 32 rows per expert (dsv3 nvfp4 8 / 16 / 32 rows: 230 / 234 / 252 vs
 // 255 / 250 / 252 µs; qwen3-30b 45 / 47 / 51 vs 54 / 51 / 52; docs/perf.md "Session 11"), so auto keeps GEMM 1
 // on the 2-warpgroup kernel for rows hints 1..32 while the spread epilogue is on.
-bool use_small_m_kernel(W4a8Epilogue epilogue, int rows_hint) {
+bool use_small_m_kernel(W4a8Epilogue epilogue, int rows_hint, bool swiglu_spread) {
   const char* value = std::getenv("MEGAMOE_W4A8_SMALL_M");
   const std::string text = value ? value : "";
   if (text.empty() || text == "auto")
     return epilogue == W4a8Epilogue::kSwigluQuantFp8 &&
-           !(rows_hint >= 1 && rows_hint <= sm90::kW4a8SpreadRows && detail::swiglu_spread_enabled());
+           !(rows_hint >= 1 && rows_hint <= sm90::kW4a8SpreadRows && swiglu_spread);
   MEGAMOE_CHECK(text == "0" || text == "1", "MEGAMOE_W4A8_SMALL_M = '", text, "' must be auto, 0 or 1");
   return text == "1";
 }
@@ -88,7 +88,7 @@ template <W4a8Epilogue kEpilogue>
 void dispatch(WeightFormat format, int sub_tiles, int rows_hint, const uint8_t* a, const uint8_t* data,
               const W4a8GemmParams& params, cudaStream_t stream) {
   const bool nvfp4 = format == WeightFormat::kNvfp4;
-  if (sub_tiles == 1 && use_small_m_kernel(kEpilogue, rows_hint)) {
+  if (sub_tiles == 1 && use_small_m_kernel(kEpilogue, rows_hint, params.swiglu_spread)) {
     if (nvfp4) launch_small_m<Fp4Format::kNvfp4, kEpilogue>(a, data, params, stream);
     else launch_small_m<Fp4Format::kMxfp4, kEpilogue>(a, data, params, stream);
   } else if (sub_tiles == 1) {
@@ -176,8 +176,8 @@ void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
   params.out_scales = args.out_scales;
   params.activation = clamped ? 1 : 0;
   params.limit = args.activation.limit;
-  params.swiglu_spread = detail::swiglu_spread_enabled();
   params.alpha = args.activation.alpha;
+  params.swiglu_spread = detail::swiglu_spread_enabled();
   const int sub_tiles = sm90::choose_w4a8_sub_tiles(args.rows_per_expert_hint, args.num_experts, params.n,
                                                     detail::grouped_gemm_sm_count());
   dispatch<W4a8Epilogue::kSwigluQuantFp8>(args.weights.format, sub_tiles, args.rows_per_expert_hint, args.a,

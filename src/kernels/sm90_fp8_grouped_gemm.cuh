@@ -1068,6 +1068,16 @@ __device__ __forceinline__ void swiglu_quant_fp8_spread_epilogue(const float (&a
   named_barrier_sync(barrier_id, 256);  // every row read: the staging is free again
 }
 
+// Rows per tile up to which a layout's kernels take the spread epilogue: 0 unless the layout is a split-N 64 x 256
+// SwiGLU one; else what its exchange region holds (2 x 128 FP32 per row), a multiple of 8, at most 32 (the staged
+// measurements end there; above it the balanced epilogue already spreads over 4+ warps).
+template <class Layout>
+constexpr int swiglu_spread_rows() {
+  if (Layout::kSubTiles != 1 || Layout::kWarpgroupsMValue != 1 || Layout::kGateUpInterleaved8) return 0;
+  const int rows = Layout::kExchangeRegionBytes / (2 * 128 * 4) / 8 * 8;
+  return rows < 8 ? 0 : (rows > 32 ? 32 : rows);
+}
+
 // v9 GEMM-1 epilogue (Epilogue::kSwigluInterleavedFp8, the standalone kernel): a split-M 128 x 256 tile
 // on gate/up-interleaved-by-8 weights (grouped_gemm.h, kGateUpInterleaved8), so this math warpgroup's
 // accumulator[n] (n-half n of the tile's 256 packed columns) holds, for each of its 64 rows, gate AND up
@@ -1283,9 +1293,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     } else {
       // Spread epilogue (see swiglu_quant_fp8_spread_epilogue) for 64 x 256 tiles with few rows; the branch is
       // CTA-uniform (both warpgroups see the same tile).
-      constexpr int kSpreadRows =
-          Layout::kExchangeRegionBytes / (2 * 128 * 4) < 32 ? Layout::kExchangeRegionBytes / (2 * 128 * 4) : 32;
-      if constexpr (kSubTilesM == 1 && kWarpgroupsM == 1 && kSpreadRows >= 8) {
+      constexpr int kSpreadRows = swiglu_spread_rows<Layout>();
+      if constexpr (kSpreadRows > 0) {
         if (params.swiglu_spread && t.m_end - t.m0 <= kSpreadRows) {
           swiglu_quant_fp8_spread_epilogue<kSpreadRows, false, true>(
               accumulator[0], smem.exchange, math_wg, t.m0, t.m_end - t.m0, t.n_tile, params.n / 2, params.topk_weights,
