@@ -625,12 +625,11 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           // expert: the staging is the exchange / GEMM-2 staging region (34,816 B at 64 x 256: 32 rows), free
           // between GEMM-1 tiles as for the balanced epilogue; its stores are plain, published below like the
           // balanced epilogue's non-bulk ones. CTA-uniform branch.
-          constexpr int kSpreadRows =
-              Layout::kExchangeRegionBytes / (2 * 128 * 4) < 32 ? Layout::kExchangeRegionBytes / (2 * 128 * 4) / 8 * 8 : 32;
+          constexpr int kSpreadRows = swiglu_spread_rows<Layout>();
           bool spread = false;
-          if constexpr (Layout::kSubTiles == 1 && kSpreadRows >= 8) spread = p.swiglu_spread && t.m_end - t.m0 <= kSpreadRows;
+          if constexpr (kSpreadRows > 0) spread = p.swiglu_spread && t.m_end - t.m0 <= kSpreadRows;
           if (spread) {
-            if constexpr (Layout::kSubTiles == 1 && kSpreadRows >= 8)
+            if constexpr (kSpreadRows > 0)
               swiglu_quant_fp8_spread_epilogue<kSpreadRows, true, kBulkActRows>(
                   accumulator[0], smem.exchange, math_wg, t.m0, t.m_end - t.m0, t.n_tile, I, topk_weights, p.act,
                   p.act_scales, p.activation, p.limit, p.alpha, 1);
