@@ -141,6 +141,7 @@ struct MegaMoeParams {
   int activation;  // 0 = SiLU * up, 1 = clamped SwiGLU
   float limit, alpha;
   bool apply_topk_in_fc1;
+  bool swiglu_spread = true;  // FP8 GEMM-1 tiles of <= 32 rows: the spread epilogue (MEGAMOE_SWIGLU_SPREAD)
   // this rank's inputs and output
   const __nv_bfloat16* hidden_in;
   const int32_t* topk_ids;
@@ -620,9 +621,23 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
           fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.grouped_scales, b_scales, k1_blocks, 0,
                                           math_wg, cursor, active_sub_tiles(t.m_end - t.m0, 0, Layout::kSubTiles));
-          swiglu_quant_fp8_epilogue<Layout, true, kBulkActRows>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
-                                                                topk_weights, p.act, p.act_scales, p.activation, p.limit,
-                                                                p.alpha);
+          // Spread epilogue (swiglu_quant_fp8_spread_epilogue) for 64-row tiles holding <= kSpreadRows rows of their
+          // expert: the staging is the exchange / GEMM-2 staging region (34,816 B at 64 x 256: 32 rows), free
+          // between GEMM-1 tiles as for the balanced epilogue; its stores are plain, published below like the
+          // balanced epilogue's non-bulk ones. CTA-uniform branch.
+          constexpr int kSpreadRows = swiglu_spread_rows<Layout>();
+          bool spread = false;
+          if constexpr (kSpreadRows > 0) spread = p.swiglu_spread && t.m_end - t.m0 <= kSpreadRows;
+          if (spread) {
+            if constexpr (kSpreadRows > 0)
+              swiglu_quant_fp8_spread_epilogue<kSpreadRows, true, kBulkActRows>(
+                  accumulator[0], smem.exchange, math_wg, t.m0, t.m_end - t.m0, t.n_tile, I, topk_weights, p.act,
+                  p.act_scales, p.activation, p.limit, p.alpha, 1);
+          } else {
+            swiglu_quant_fp8_epilogue<Layout, true, kBulkActRows>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
+                                                                  topk_weights, p.act, p.act_scales, p.activation,
+                                                                  p.limit, p.alpha);
+          }
         } else if constexpr (kW4a8) {
           const int n_block = t.n_tile * 2 + math_wg;
           const W4a8BlockScaleDevice* blocks =

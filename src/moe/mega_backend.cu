@@ -192,6 +192,7 @@ class MegaBackend final : public MoeBackend {
     p.limit = config.activation.limit;
     p.alpha = config.activation.alpha;
     p.apply_topk_in_fc1 = config.apply_topk_in_fc1;
+    p.swiglu_spread = kernels::detail::swiglu_spread_enabled();
     p.diag_local_combine = [] {  // MegaMoeParams NOTES: a timing diagnostic, wrong output
       const char* v = std::getenv("MEGAMOE_MEGA_DIAG_LOCAL_COMBINE");
       return v != nullptr && std::string(v) == "1" ? 1 : 0;
