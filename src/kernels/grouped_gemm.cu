@@ -140,9 +140,29 @@ void check_common(int64_t m_capacity, int num_experts, int n, int k, const char*
                 static_cast<int64_t>(num_experts) * n, " must be < 2^31");
 }
 
+// v11 selection (GroupedGemm2Fp8Args::v11 / v11_block_n): the request, else the environment (read per call).
+int resolve_v11_block_n(int v11, int block_n) {
+  const bool on = v11 < 0 ? detail::env_switch("MEGAMOE_FP8_GEMM_V11", false) : v11 != 0;
+  if (!on) return 0;
+  if (block_n == 0) {
+    const char* value = std::getenv("MEGAMOE_FP8_GEMM_V11_BN");
+    const std::string text = value ? value : "";
+    MEGAMOE_CHECK(text.empty() || text == "128" || text == "192", "MEGAMOE_FP8_GEMM_V11_BN = '", text,
+                  "' must be 128 or 192");
+    block_n = text == "128" ? 128 : 192;
+  }
+  MEGAMOE_CHECK(block_n == 128 || block_n == 192, "v11_block_n = ", block_n, " must be 0, 128 or 192");
+  return block_n;
+}
+
 void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
                   const int32_t* offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
-                  int rows_hint, Fp8GemmSchedule requested, cudaStream_t stream) {
+                  int rows_hint, Fp8GemmSchedule requested, int v11, int v11_block_n, cudaStream_t stream) {
+  if (const int block_n = resolve_v11_block_n(v11, v11_block_n); block_n != 0) {
+    detail::launch_fp8_v11(a, a_scales, weights, weight_scales, offsets, out, m_capacity, num_experts, n, k, block_n,
+                           stream);
+    return;
+  }
   GroupedGemmParams params;
   params.a_scales = a_scales;
   params.b_scales = weight_scales;
@@ -174,7 +194,8 @@ void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t strea
   check_aligned(args.expert_offsets, "expert_offsets");
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
-               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, args.schedule, stream);
+               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, args.schedule, args.v11,
+               args.v11_block_n, stream);
 }
 
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
@@ -187,7 +208,7 @@ void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
                args.m_capacity, args.num_experts, args.hidden, args.intermediate, args.rows_per_expert_hint,
-               args.schedule, stream);
+               args.schedule, args.v11, args.v11_block_n, stream);
 }
 
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
