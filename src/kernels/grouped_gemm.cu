@@ -140,19 +140,16 @@ void check_common(int64_t m_capacity, int num_experts, int n, int k, const char*
                 static_cast<int64_t>(num_experts) * n, " must be < 2^31");
 }
 
-// v11 selection (GroupedGemm2Fp8Args::v11 / v11_block_n): the request, else the environment (read per call).
+// v11 selection (GroupedGemm2Fp8Args::v11 / v11_block_n; sm90::resolve_v11_block_n): the request, else the
+// environment (read per call, as MEGAMOE_FP8_GEMM_SCHEDULE).
 int resolve_v11_block_n(int v11, int block_n) {
-  const bool on = v11 < 0 ? detail::env_switch("MEGAMOE_FP8_GEMM_V11", false) : v11 != 0;
-  if (!on) return 0;
-  if (block_n == 0) {
-    const char* value = std::getenv("MEGAMOE_FP8_GEMM_V11_BN");
-    const std::string text = value ? value : "";
-    MEGAMOE_CHECK(text.empty() || text == "128" || text == "192", "MEGAMOE_FP8_GEMM_V11_BN = '", text,
-                  "' must be 128 or 192");
-    block_n = text == "128" ? 128 : 192;
-  }
-  MEGAMOE_CHECK(block_n == 128 || block_n == 192, "v11_block_n = ", block_n, " must be 0, 128 or 192");
-  return block_n;
+  const char* env_v11 = std::getenv("MEGAMOE_FP8_GEMM_V11");
+  const char* env_bn = std::getenv("MEGAMOE_FP8_GEMM_V11_BN");
+  const int resolved = sm90::resolve_v11_block_n(v11, block_n, env_v11, env_bn);
+  MEGAMOE_CHECK(resolved >= 0, "v11 = ", v11, ", v11_block_n = ", block_n, " (MEGAMOE_FP8_GEMM_V11 = '",
+                env_v11 ? env_v11 : "", "', MEGAMOE_FP8_GEMM_V11_BN = '", env_bn ? env_bn : "",
+                "'): v11 must be -1, 0 or 1 (the variable 0 or 1), the block width 0, 128 or 192 (the variable 128 or 192)");
+  return resolved;
 }
 
 void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
         const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
         const int block0 = where.n_tile * kBlockN / 128;
-        const int block1 = min(block0 + 1, n_blocks - 1);
+        const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
         const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
         produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
                            expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end, k_blocks,
@@ -274,11 +274,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       }
       continue;
     }
+    static_assert(wide_former_groups(128, 0) == 16 && wide_former_groups(192, 0) == 16 &&
+                      wide_former_groups(192, 192) == 8 && wide_former_groups(192, 384) == 16,
+                  "192 t starts 0 or 64 columns into a block: 16 or 8 groups of 8 columns in the first");
     if constexpr (kBlockN == 128) {
       wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                          scale_row, stage, phase);
     } else {  // n0 = 192 t: the first scale block covers 128 (t even) or 64 (t odd) of the tile's columns
-      if (n0 % 128 == 0)
+      if (wide_former_groups(kBlockN, n0) == 16)
         wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                            scale_row, stage, phase);
       else
