@@ -18,15 +18,26 @@ for bn in 128 192; do
 done
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$ncu_bin" ]; then
-  MEGAMOE_FP8_GEMM_V11=1 MEGAMOE_FP8_GEMM_V11_BN=192 timeout 40 "$ncu_bin" --clock-control none \
-    --kernel-name regex:fp8_wide_grouped --launch-skip 1 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section SourceCounters -o "$out/ncu_v11" \
-    "$B/megamoe" bench gemm --format fp8 --models dsv3 --rows 1024 --experts 32 --repeats 2 --no-cublas >/dev/null 2>&1
-  "$ncu_bin" --import "$out/ncu_v11.ncu-rep" --page details --print-units base >"$out/ncu_v11.txt" 2>&1
-  "$ncu_bin" --import "$out/ncu_v11.ncu-rep" --page source --print-source sass --csv 2>/dev/null | gzip >"$out/ncu_v11.sass.csv.gz"
-  rm -f "$out/ncu_v11.ncu-rep"
-  grep -hE "Duration|Executed Instructions |Warp Cycles Per Issued|Issue Slots Busy|Compute \(SM\) Throughput" \
-    "$out/ncu_v11.txt" | head -8
+  for bn in 192 128; do
+    MEGAMOE_FP8_GEMM_V11=1 MEGAMOE_FP8_GEMM_V11_BN=$bn timeout 30 "$ncu_bin" --clock-control none \
+      --kernel-name regex:fp8_wide_grouped --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SourceCounters -o "$out/ncu_v11_bn$bn" \
+      "$B/megamoe" bench gemm --format fp8 --models dsv3 --rows 1024 --experts 32 --repeats 2 --no-cublas >/dev/null 2>&1
+    "$ncu_bin" --import "$out/ncu_v11_bn$bn.ncu-rep" --page details --print-units base >"$out/ncu_v11_bn$bn.txt" 2>&1
+    "$ncu_bin" --import "$out/ncu_v11_bn$bn.ncu-rep" --page source --print-source sass --csv 2>/dev/null |
+      gzip >"$out/ncu_v11_bn$bn.sass.csv.gz"
+    rm -f "$out/ncu_v11_bn$bn.ncu-rep"
+    echo "ncu v11 BN $bn (dsv3 gemm2 1024 rows):"
+    grep -hE "^ +(Duration|Executed Instructions|Warp Cycles Per Issued Instruction|Issue Slots Busy|Compute \(SM\) Throughput) " \
+      "$out/ncu_v11_bn$bn.txt" | head -6
+  done
+fi
+# memcheck of the v11 kernel on small exact problems (both widths; several experts, partial tiles)
+cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$cs" ]; then
+  timeout 60 "$cs" --tool memcheck --report-api-errors no --error-exitcode 1 "$B/tests/megamoe_tests_gpu" \
+    --gtest_filter='GroupedGemmFp8.V11BitExactSmallIntegers' >"$out/memcheck_v11.txt" 2>&1
+  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck_v11.txt" | tail -1)"
 fi
 python3 - "$out" <<'PY'
 import json, os, sys
