@@ -215,6 +215,12 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                     options.schedule == "overlap" || options.schedule == "all",
                 "--schedule = '", options.schedule, "' must be auto, serial, pingpong, overlap or all");
   const bool all_schedules = options.schedule == "all";
+  MEGAMOE_CHECK(options.fp8_v11 == "auto" || options.fp8_v11 == "off" || options.fp8_v11 == "on" ||
+                    options.fp8_v11 == "both",
+                "--fp8-v11 = '", options.fp8_v11, "' must be auto, off, on or both");
+  MEGAMOE_CHECK(options.v11_bn == 0 || options.v11_bn == 128 || options.v11_bn == 192, "--v11-bn = ", options.v11_bn,
+                " must be 0, 128 or 192");
+  const int fp8_main_v11 = options.fp8_v11 == "on" ? 1 : options.fp8_v11 == "auto" ? -1 : 0;
   MEGAMOE_CHECK(options.gemm1_v9 == "off" || options.gemm1_v9 == "on" || options.gemm1_v9 == "both",
                 "--gemm1-v9 = '", options.gemm1_v9, "' must be off, on or both");
   MEGAMOE_CHECK(!options.v9_skews.empty(), "--v9-skews needs at least one value");
@@ -431,7 +437,14 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.intermediate = static_cast<int>(I);
           args.rows_per_expert_hint = options.rows_hint > 0 ? options.rows_hint : rows;
           args.schedule = schedule;
+          args.v11 = fp8_main_v11;
+          args.v11_block_n = options.v11_bn;
           p.us = timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); });
+          if (options.fp8_v11 == "both") {
+            args.v11 = 1;
+            p.schedule_us.emplace_back("v11", timer.median_us([&] { kernels::grouped_gemm2_fp8(args, nullptr); }));
+            args.v11 = 0;
+          }
           for (const auto& [name, other] : other_schedules) {
             if (!all_schedules) break;
             args.schedule = other;
@@ -468,6 +481,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                       p.denominator_us() / us);
         if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.schedule;
         if (!bf16 && !fp4_group && which == 1 && options.gemm1_v9 == "on") p.schedule += "+v9";
+        if (!bf16 && !fp4_group && which == 2 && options.fp8_v11 == "on") p.schedule += "+v11";
         std::fflush(stdout);
         points.push_back(p);
       }

@@ -34,6 +34,12 @@ struct GemmBenchOptions {
   // on kGateUp weights, GEMM 2 v1 tiles), "on" = v2 (GEMM 1 wide on kGateUpInterleaved8, GEMM 2 v2), "both" =
   // off in the main columns and v2 timed right after it per point (a row "v2" with the speed-up).
   std::string bf16_v2 = "auto";
+  // FP8 GEMM 2 v11 (docs/grouped_gemm.md "v11", GroupedGemm2Fp8Args::v11): "auto" = MEGAMOE_FP8_GEMM_V11 (default
+  // off), "off" / "on" in the main columns, "both" = off in the main columns and v11 timed right after it per
+  // point (a row "v11"; JSON v11_us / v11_tflops). v11_bn: its tile width (128 / 192; 0 = MEGAMOE_FP8_GEMM_V11_BN,
+  // else 192).
+  std::string fp8_v11 = "auto";
+  int v11_bn = 0;
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.

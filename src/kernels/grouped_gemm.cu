@@ -140,9 +140,26 @@ void check_common(int64_t m_capacity, int num_experts, int n, int k, const char*
                 static_cast<int64_t>(num_experts) * n, " must be < 2^31");
 }
 
+// v11 selection (GroupedGemm2Fp8Args::v11 / v11_block_n; sm90::resolve_v11_block_n): the request, else the
+// environment (read per call, as MEGAMOE_FP8_GEMM_SCHEDULE).
+int resolve_v11_block_n(int v11, int block_n) {
+  const char* env_v11 = std::getenv("MEGAMOE_FP8_GEMM_V11");
+  const char* env_bn = std::getenv("MEGAMOE_FP8_GEMM_V11_BN");
+  const int resolved = sm90::resolve_v11_block_n(v11, block_n, env_v11, env_bn);
+  MEGAMOE_CHECK(resolved >= 0, "v11 = ", v11, ", v11_block_n = ", block_n, " (MEGAMOE_FP8_GEMM_V11 = '",
+                env_v11 ? env_v11 : "", "', MEGAMOE_FP8_GEMM_V11_BN = '", env_bn ? env_bn : "",
+                "'): v11 must be -1, 0 or 1 (the variable 0 or 1), the block width 0, 128 or 192 (the variable 128 or 192)");
+  return resolved;
+}
+
 void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
                   const int32_t* offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
-                  int rows_hint, Fp8GemmSchedule requested, cudaStream_t stream) {
+                  int rows_hint, Fp8GemmSchedule requested, int v11, int v11_block_n, cudaStream_t stream) {
+  if (const int block_n = resolve_v11_block_n(v11, v11_block_n); block_n != 0) {
+    detail::launch_fp8_v11(a, a_scales, weights, weight_scales, offsets, out, m_capacity, num_experts, n, k, block_n,
+                           stream);
+    return;
+  }
   GroupedGemmParams params;
   params.a_scales = a_scales;
   params.b_scales = weight_scales;
@@ -174,7 +191,8 @@ void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t strea
   check_aligned(args.expert_offsets, "expert_offsets");
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
-               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, args.schedule, stream);
+               args.m_capacity, args.num_experts, args.n, args.k, args.rows_per_expert_hint, args.schedule, args.v11,
+               args.v11_block_n, stream);
 }
 
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
@@ -187,7 +205,7 @@ void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream) {
   check_aligned(args.out, "out");
   launch_plain(args.a, args.a_scales, args.weights, args.weight_scales, args.expert_offsets, args.out,
                args.m_capacity, args.num_experts, args.hidden, args.intermediate, args.rows_per_expert_hint,
-               args.schedule, stream);
+               args.schedule, args.v11, args.v11_block_n, stream);
 }
 
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {

@@ -137,6 +137,12 @@ struct GroupedGemm2Fp8Args {
   int num_experts = 0, hidden = 0, intermediate = 0;
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
   Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto;
+  // v11 (docs/grouped_gemm.md "v11", sm90_fp8_wide_grouped_gemm.cuh): 128 x v11_block_n tiles, one wgmma
+  // group per warpgroup and k-block, uniform descriptors; bit-identical outputs. Opt-in while measured:
+  // 1 = v11, 0 = the v8-v10 kernels, -1 = the environment variable MEGAMOE_FP8_GEMM_V11 ("0" / "1"), else 0.
+  // v11_block_n: 128 or 192; 0 = MEGAMOE_FP8_GEMM_V11_BN ("128" / "192"), else 192.
+  int v11 = -1;
+  int v11_block_n = 0;
 };
 void grouped_gemm2_fp8(const GroupedGemm2Fp8Args& args, cudaStream_t stream);
 
@@ -154,6 +160,8 @@ struct GroupedGemmFp8Args {
   int num_experts = 0, n = 0, k = 0;
   int rows_per_expert_hint = 0;         // expected rows per expert (tile choice only; 0 = unknown)
   Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto;
+  int v11 = -1;                         // as GroupedGemm2Fp8Args::v11
+  int v11_block_n = 0;                  // as GroupedGemm2Fp8Args::v11_block_n
 };
 void grouped_gemm_fp8_bf16out(const GroupedGemmFp8Args& args, cudaStream_t stream);
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include <cuda_runtime_api.h>
+
 namespace megamoe::kernels::detail {
 
 // 2D byte tensor map [outer, inner_bytes] read in boxes of [box_outer, 128 bytes] with the 128-byte
@@ -26,5 +28,10 @@ bool env_switch(const char* name, bool unset_value);
 // MEGAMOE_SWIGLU_SPREAD (default on): the spread SwiGLU epilogue of 64-row GEMM-1 tiles with few rows
 // (swiglu_quant_fp8_spread_epilogue), FP8 split-N and W4A8 2-warpgroup kernels; 0 = the balanced / pair ones.
 bool swiglu_spread_enabled();
+// v11 plain FP8-block GEMM with BF16 out (grouped_gemm_fp8_v11.cu, sm90_fp8_wide_grouped_gemm.cuh): arguments
+// already validated by the caller; block_n 128 or 192.
+void launch_fp8_v11(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
+                    const int32_t* expert_offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
+                    int block_n, cudaStream_t stream);
 
 }  // namespace megamoe::kernels::detail

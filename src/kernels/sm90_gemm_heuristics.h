@@ -118,4 +118,34 @@ inline int choose_w4a8_sub_tiles(int rows_per_expert_hint, int num_experts, int 
   return choose_gate_up_tile(rows_per_expert_hint, num_experts, n, ctas).sub_tiles_m;
 }
 
+// v11 (docs/grouped_gemm.md "v11", sm90_fp8_wide_grouped_gemm.cuh): a 128 x block_n tile starting at output
+// column n0 (a multiple of block_n) multiplies its 8-column groups j < wide_former_groups(block_n, n0) by the B
+// block scale of block n0 / 128 and the others by that of wide_second_block(n0, n) = the next block, clamped to
+// the last one (the columns past n it would cover are never stored).
+constexpr int wide_former_groups(int block_n, int n0) {
+  return (128 - n0 % 128) / 8 < block_n / 8 ? (128 - n0 % 128) / 8 : block_n / 8;
+}
+constexpr int wide_second_block(int n0, int n) { return n0 / 128 + 1 < n / 128 ? n0 / 128 + 1 : n / 128 - 1; }
+
+// v11 selection (GroupedGemm2Fp8Args::v11 / v11_block_n): v11 = 1 on, 0 off, -1 = env_v11 ("0" / "1"; unset
+// or empty: off); block_n = 128 / 192, 0 = env_bn ("128" / "192"; unset or empty: 192). Returns the tile width,
+// 0 when v11 is off, -1 when a value (argument or environment) is invalid. env_* may be null (unset).
+inline int resolve_v11_block_n(int v11, int block_n, const char* env_v11, const char* env_bn) {
+  const auto is = [](const char* text, const char* what) {
+    for (; *text && *what; ++text, ++what)
+      if (*text != *what) return false;
+    return *text == *what;
+  };
+  const bool env_v11_set = env_v11 != nullptr && *env_v11 != '\0';
+  if (v11 < -1 || v11 > 1) return -1;
+  if (v11 == -1 && env_v11_set && !is(env_v11, "0") && !is(env_v11, "1")) return -1;
+  const bool on = v11 == -1 ? env_v11_set && is(env_v11, "1") : v11 == 1;
+  if (!on) return 0;
+  if (block_n == 0) {
+    if (env_bn == nullptr || *env_bn == '\0') return 192;
+    return is(env_bn, "128") ? 128 : is(env_bn, "192") ? 192 : -1;
+  }
+  return block_n == 128 || block_n == 192 ? block_n : -1;
+}
+
 }  // namespace megamoe::kernels::sm90

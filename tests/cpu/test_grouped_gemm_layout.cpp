@@ -9,6 +9,7 @@
 
 #include "common/fp8_codec.h"
 #include "kernels/grouped_gemm.h"
+#include "kernels/sm90_gemm_heuristics.h"
 #include "megamoe/formats.h"
 #include "megamoe/error.h"
 
@@ -242,6 +243,45 @@ TEST(GroupedGemmTestCodec, AgreesWithFormats) {
     ASSERT_EQ(testing::e4m3_encode(value), formats::f32_to_e4m3(value)) << "value " << value;
     ASSERT_EQ(testing::bf16_round(value), formats::f32_to_bf16(value)) << "value " << value;
   }
+}
+
+// v11 (sm90_fp8_wide_grouped_gemm.cuh): the B block scale the kernel applies to every stored column of every
+// 128 x block_n tile is the column's own 128-column block (the canonical scale layout).
+TEST(GroupedGemmV11, TileColumnsTakeTheirOwnBlockScale) {
+  for (const int block_n : {128, 192})
+    for (int n = 128; n <= 7168; n += 128) {
+      const int n_tiles = (n + block_n - 1) / block_n;
+      for (int t = 0; t < n_tiles; ++t) {
+        const int n0 = t * block_n;
+        const int former = kernels::sm90::wide_former_groups(block_n, n0);
+        const int second = kernels::sm90::wide_second_block(n0, n);
+        ASSERT_GE(second, 0);
+        ASSERT_LT(second, n / 128);
+        ASSERT_TRUE(block_n == 128 ? former == 16 : (former == 16 || former == 8)) << "n0 " << n0;
+        for (int c = n0; c < std::min(n0 + block_n, n); ++c) {
+          const int block = (c - n0) / 8 < former ? n0 / 128 : second;
+          ASSERT_EQ(block, c / 128) << "block_n " << block_n << " n " << n << " column " << c;
+        }
+      }
+    }
+}
+
+TEST(GroupedGemmV11, Selection) {
+  using kernels::sm90::resolve_v11_block_n;
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, nullptr, nullptr), 0);  // default off
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "", ""), 0);
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "0", "128"), 0);
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "1", nullptr), 192);  // default width
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "1", "128"), 128);
+  EXPECT_EQ(resolve_v11_block_n(-1, 128, "1", "192"), 128);  // the argument wins over the variable
+  EXPECT_EQ(resolve_v11_block_n(1, 0, "0", "192"), 192);     // so does v11
+  EXPECT_EQ(resolve_v11_block_n(0, 192, "1", "192"), 0);
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "yes", nullptr), -1);
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "1", "256"), -1);
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "1", "1280"), -1);
+  EXPECT_EQ(resolve_v11_block_n(1, 256, nullptr, nullptr), -1);
+  EXPECT_EQ(resolve_v11_block_n(2, 0, nullptr, nullptr), -1);
+  EXPECT_EQ(resolve_v11_block_n(0, 256, nullptr, nullptr), 0);  // off: the width is not looked at
 }
 
 }  // namespace

@@ -190,24 +190,39 @@ struct PlainDeviceProblem {
 // schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
 // bit-identical results: the schedules only reorder wgmma issue between the two math warpgroups, never
 // the operations of one output element.
+// v11_block_n (128 / 192): also runs the v11 kernel (sm90_fp8_wide_grouped_gemm.cuh) with that tile width on
+// the same inputs (freshly poisoned outputs) and requires its outputs bit-identical to the v8-v10 kernel's,
+// which are judged against the reference below (0: v11 not run; the main run always has v11 off).
 void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int rows_hint, bool exact,
-               Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto) {
+               Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto, int v11_block_n = 0) {
   const Problem p = make_problem(counts, n, k, seed, exact);
-  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) + " schedule " + schedule_name(schedule));
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) + " schedule " + schedule_name(schedule) +
+               " v11 " + std::to_string(v11_block_n));
   const PlainDeviceProblem device(p);
   const DeviceBuffer& out = device.out;
   kernels::GroupedGemmFp8Args args = device.args(p);
   args.rows_per_expert_hint = rows_hint;
-  const auto run_once = [&](Fp8GemmSchedule which) {
+  const auto run_once = [&](Fp8GemmSchedule which, int v11) {
     poison_device_buffer(out.data, out.bytes);
     args.schedule = which;
+    args.v11 = v11 != 0 ? 1 : 0;
+    args.v11_block_n = v11;
     kernels::grouped_gemm_fp8_bf16out(args, nullptr);
     MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
     return out.download<uint16_t>();
   };
-  const auto result = run_once(schedule);
+  const auto result = run_once(schedule, 0);
   if (schedule == Fp8GemmSchedule::kPingPong)
-    EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial) == result) << "pingpong and serial outputs differ";
+    EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial, 0) == result) << "pingpong and serial outputs differ";
+  if (v11_block_n != 0) {
+    const auto wide = run_once(schedule, v11_block_n);
+    int64_t differ = 0;
+    for (size_t i = 0; i < wide.size(); ++i)
+      if (wide[i] != result[i] && differ++ < 5)
+        ADD_FAILURE() << "v11 (" << v11_block_n << ") out[" << i / n << ", " << i % n << "] = 0x" << std::hex
+                      << wide[i] << " vs 0x" << result[i] << std::dec;
+    EXPECT_EQ(differ, 0) << "v11 outputs must be bit-identical to the v8-v10 kernel's";
+  }
 
   const ReferenceGrid grid = reference_grid(p, n);
   double error_sq = 0, ref_sq = 0;
@@ -323,7 +338,9 @@ __global__ void plain_gemm_device_reference(const uint8_t* a, const float* a_sca
 // bf16_rn(fp64 value) bit for bit, and rows of no expert must keep their poison. Each rows hint picks a
 // tile config (0: 256 x 128 / 32-row staging, 200: 128 x 128 / 32-row, 16: 64 x 256 / 64-row) and every
 // schedule runs it.
-void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, uint64_t seed, const std::string& what) {
+// v11_block_ns non-empty: runs the v11 kernel at each of those tile widths instead of the hints x schedules above.
+void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, uint64_t seed, const std::string& what,
+                                const std::vector<int>& v11_block_ns = {}) {
   const Problem p = make_problem(counts, n, k, seed, true);
   std::vector<int32_t> row_expert(p.capacity, -1);
   for (int e = 0; e < p.experts; ++e)
@@ -356,14 +373,31 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
 
   const DeviceBuffer& out = device.out;
   kernels::GroupedGemmFp8Args args = device.args(p);
-  for (const int hint : {0, 200, 16})
-    for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kSerial, Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap}) {
+  struct Run {
+    int hint;
+    Fp8GemmSchedule schedule;
+    int v11_block_n;
+  };
+  std::vector<Run> runs;
+  if (v11_block_ns.empty()) {
+    for (const int hint : {0, 200, 16})
+      for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kSerial, Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap})
+        runs.push_back({hint, schedule, 0});
+  } else {
+    for (const int block_n : v11_block_ns) runs.push_back({0, Fp8GemmSchedule::kAuto, block_n});
+  }
+  for (const Run& run : runs) {
+      const int hint = run.hint;
+      const Fp8GemmSchedule schedule = run.schedule;
       SCOPED_TRACE(what + " seed " + std::to_string(seed) + " experts " + std::to_string(p.experts) + " rows " +
                    std::to_string(p.offsets.back() - p.offsets.front()) + " n " + std::to_string(n) + " k " +
-                   std::to_string(k) + " hint " + std::to_string(hint) + " schedule " + schedule_name(schedule));
+                   std::to_string(k) + " hint " + std::to_string(hint) + " schedule " + schedule_name(schedule) +
+                   " v11 " + std::to_string(run.v11_block_n));
       poison_device_buffer(out.data, out.bytes);
       args.rows_per_expert_hint = hint;
       args.schedule = schedule;
+      args.v11 = run.v11_block_n != 0 ? 1 : 0;
+      args.v11_block_n = run.v11_block_n;
       kernels::grouped_gemm_fp8_bf16out(args, nullptr);
       MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
       const auto got = out.download<uint16_t>();
@@ -377,6 +411,61 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
         }
       EXPECT_EQ(wrong, 0) << "of " << compared;
     }
+}
+
+// v11 (sm90_fp8_wide_grouped_gemm.cuh): bit-identical to the v8-v10 kernel (run_plain's v11 cross-check),
+// which the fp64 reference judges; n = 640 = 3 x 192 + 64 (a partial last 192-wide tile, whose columns
+// straddle two B scale blocks) and n = 384 = 2 x 192 (both tile parities: 192-wide tiles starting at a
+// block boundary and 64 columns into a block); experts of 0, 1, 63-200 rows.
+TEST(GroupedGemmFp8, V11MatchesPlainRandomShapes) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (const int block_n : {128, 192}) {
+    run_plain({0, 1, 130, 63, 200, 64, 129}, 640, 512, 1240, 200, false, Fp8GemmSchedule::kAuto, block_n);
+    run_plain({0, 1, 130, 63, 200, 64, 129}, 384, 512, 1241, 0, false, Fp8GemmSchedule::kAuto, block_n);
+    run_plain({77, 0, 1, 150}, 1152, 1024, 1242, 0, false, Fp8GemmSchedule::kAuto, block_n);
+  }
+}
+
+// Deep K (7168, the dsv3 GEMM-1 depth: 56 k-blocks, the ring wraps many times per tile) and a 7168-wide
+// n (dsv3 hidden: 37 x 192 + 64) with a short K.
+TEST(GroupedGemmFp8, V11MatchesPlainDeepKWideN) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (const int block_n : {128, 192}) {
+    run_plain({100, 0, 129, 63}, 640, 7168, 1250, 0, false, Fp8GemmSchedule::kAuto, block_n);
+    run_plain({1, 63, 130}, 7168, 256, 1251, 0, false, Fp8GemmSchedule::kAuto, block_n);
+  }
+}
+
+TEST(GroupedGemmFp8, V11BitExactSmallIntegers) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  for (const int block_n : {128, 192}) {
+    run_plain({3, 0, 128, 77}, 640, 1024, 15, 0, true, Fp8GemmSchedule::kAuto, block_n);
+    run_plain({3, 0, 128, 77, 1}, 256, 128, 16, 8, true, Fp8GemmSchedule::kAuto, block_n);
+  }
+}
+
+// v11 with several tiles per CTA (persistent ring, staging rows and phases carried across tiles) and expert
+// boundaries inside tiles, exact inputs: every expert row equals bf16_rn(fp64) bit for bit; n = 2176 =
+// 11 x 192 + 64; ~30 m-tiles x 12-17 n-tiles: 3-4 tiles per CTA.
+TEST(GroupedGemmFp8, V11ManyTilesPerCta) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  std::vector<int> counts = {0, 1, 8, 16, 24, 31, 32, 33, 64, 65, 100, 127, 128, 129, 255, 256, 257, 520};
+  const uint64_t seed = 8111;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> rows(0, 600);
+  for (int i = 0; i < 6; ++i) counts.push_back(rows(rng));
+  run_plain_exact_many_tiles(counts, 2176, 384, seed, "v11 many tiles", {128, 192});
+}
+
+// Selection errors: block widths other than 128 / 192.
+TEST(GroupedGemmFp8, V11RejectsBadBlockN) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const Problem p = make_problem({4}, 256, 128, 3);
+  const PlainDeviceProblem device(p);
+  kernels::GroupedGemmFp8Args args = device.args(p);
+  args.v11 = 1;
+  args.v11_block_n = 256;
+  EXPECT_THROW(kernels::grouped_gemm_fp8_bf16out(args, nullptr), Error);
 }
 
 TEST(GroupedGemmFp8, PlainBulkStoreManyTilesPerCta) {

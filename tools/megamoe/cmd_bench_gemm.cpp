@@ -27,6 +27,13 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                                     "BF16 kernels (--format bf16): auto (library default), off (v1), on (v2: wide "
                                     "128 x 256 tiles, bulk stores), both (off in the main columns, v2 right after it)")
                          ->check(CLI::IsMember({"auto", "off", "on", "both"}));
+                     app.add_option("--fp8-v11", options->fp8_v11,
+                                    "FP8 GEMM 2 v11 kernel: auto (MEGAMOE_FP8_GEMM_V11), off, on, both (off in the "
+                                    "main columns, v11 timed right after it per point)")
+                         ->check(CLI::IsMember({"auto", "off", "on", "both"}));
+                     app.add_option("--v11-bn", options->v11_bn,
+                                    "v11 tile width: 128 or 192 (0 = MEGAMOE_FP8_GEMM_V11_BN, else 192)")
+                         ->check(CLI::IsMember({0, 128, 192}));
                      app.add_option("--json", options->json_path, "write results as JSON here");
                      return [options] { return megamoe::bench::run_gemm_bench(*options); };
                    });

@@ -1,0 +1,50 @@
+// Launcher of the v11 plain FP8-block grouped GEMM (sm90_fp8_wide_grouped_gemm.cuh, docs/grouped_gemm.md
+// "v11"); grouped_gemm.cu validates the arguments and calls launch_fp8_v11 when v11 is selected.
+#include <cuda.h>
+
+#include "kernels/grouped_gemm_internal.h"
+#include "kernels/sm90_fp8_wide_grouped_gemm.cuh"
+#include "megamoe/error_cuda.h"
+
+namespace megamoe::kernels::detail {
+namespace {
+
+template <int kBlockN>
+void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params, cudaStream_t stream) {
+  using Layout = sm90::WideFp8Layout<kBlockN>;
+  static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
+                "v11 layout overflows 227 KiB of shared memory at kMaxExperts");
+  MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
+                "v11 bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
+  // A in 64-row boxes (produce_fp8_tile_trimmed), B in kBlockN-row boxes over all experts' rows.
+  const CUtensorMap a_map = make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);
+  const CUtensorMap b_map =
+      make_grouped_gemm_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, kBlockN);
+  const int shared_bytes = Layout::shared_bytes(params.num_experts);
+  auto* kernel = &sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN>;
+  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+  MEGAMOE_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_fp8_v11(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
+                    const int32_t* expert_offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
+                    int block_n, cudaStream_t stream) {
+  sm90::GroupedGemmParams params;
+  params.a_scales = a_scales;
+  params.b_scales = weight_scales;
+  params.expert_offsets = expert_offsets;
+  params.out = out;
+  params.m_capacity = static_cast<int>(m_capacity);
+  params.num_experts = num_experts;
+  params.n = n;
+  params.k = k;
+  params.a_tail_trim = true;
+  MEGAMOE_CHECK(block_n == 128 || block_n == 192, "v11 block_n = ", block_n, " must be 128 or 192");
+  if (block_n == 128) launch_wide<128>(a, weights, params, stream);
+  else launch_wide<192>(a, weights, params, stream);
+}
+
+}  // namespace megamoe::kernels::detail

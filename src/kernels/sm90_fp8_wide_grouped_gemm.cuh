@@ -1,0 +1,298 @@
+// v11: plain FP8-block grouped GEMM with BF16 out (GEMM 2), 128 x kBlockN tiles, one wgmma group per
+// warpgroup and k-block, warp-uniform pipeline and descriptor arithmetic (docs/grouped_gemm.md "v11").
+//
+//   out[r, n] = bf16_rn( sum_kb ( sum_{k in kb} e4m3(A[r,k]) e4m3(B_e[n,k]) ) * (a_scale[r,kb] * b_scale_e[n/128,kb]) )
+//
+// Same contract as the plain / GEMM-2 path of sm90_fp8_grouped_gemm.cuh (grouped_gemm.h), and the same
+// per-element arithmetic: each 128-K FP8 partial comes from 4 wgmma k32 steps, then
+// acc += partial * (a_scale * b_scale) (one FFMA, FP32), in k-block order, so outputs are bit-identical to
+// the kSplitMSmall / kSplitMLarge kernels (the partial of an m64nNk32 element does not depend on N: tested).
+//
+// CTA = 3 warpgroups, 384 threads, persistent (one CTA per SM):
+// - warpgroup 0: thread 0 streams A (two 64-row boxes, trimmed to the expert's rows) and B (one kBlockN-row
+//   box) per 128-K stage with TMA (produce_fp8_tile_trimmed); warp 1 stages the tile's 128 A scales (0 past
+//   the expert's end) and the two B block scales of the stage with cp.async (produce_fp8_scales).
+// - warpgroups 1, 2: tile rows [64 w, 64 w + 64) (w = math warpgroup), all kBlockN columns: per k-block
+//   wait `full`, read the scales, ONE group of 4 wgmma m64n{kBlockN}k32, commit, wait 0, release the stage,
+//   promote kBlockN / 2 FFMA. Then the BF16 epilogue through per-warp staging rows and 1-D bulk copies.
+// NOTES:
+// - Uniformity (the point of v11; v10's k-block had 4 R2UR per wgmma): the warpgroup index, the tile loop
+//   bound and every per-tile value are broadcast from lane 0 with __shfl_sync, so the tile loop and the k
+//   loop are warp-uniform control flow and the stage index / phase / descriptor words live in uniform
+//   registers (UIADD3 / UIMAD), not rebuilt per thread and moved with R2UR.
+// - B block scales: a kBlockN = 192 tile straddles two 128-column scale blocks. The scale slot holds
+//   [kBlockM] = block n0 / 128 and [kBlockM + 1] = the next block (clamped to the last one; columns past n
+//   are never stored). Columns [0, 128 - n0 % 128) of the tile use the first: with n0 = 192 t that is 16 of
+//   the 24 8-column groups (t even) or 8 (t odd); the k loop is instantiated per case (kFormerGroups), so the
+//   choice is compile-time per register (no selects in the promotion).
+// - n % kBlockN != 0: the last n-tile's B box reads past the expert's n rows (the next expert's rows, or
+//   zeros past the last expert): those columns are computed and never stored (the epilogue copies
+//   min(kBlockN, n - n0) columns per row).
+// - A math warpgroup whose 64 rows hold no row of the expert waits on and releases every stage unread and
+//   stores nothing (its A chunk was not loaded: trimmed).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/sm90_fp8_grouped_gemm.cuh"
+
+namespace megamoe::kernels::sm90 {
+
+// Shared-memory layout of the v11 kernel, in the member names Fp8GemmShared, produce_fp8_tile_trimmed and
+// produce_fp8_scales read. Tiles, then BF16 staging (8 math warps x kStagingRowsPerWarp rows x pitch), then
+// the scale ring ([kStages][kBlockM + 2]), barriers, the expert tile table.
+//   128 x 128, 6 stages:  196,608 tiles + 17,408 staging (8 rows) + 3,120 scales -> 230,556 B at 1024 experts
+//   128 x 192, 4 stages:  163,840 tiles + 51,200 staging (16 rows) + 2,080 scales -> 230,508 B
+// (with 96 / 64 B of barriers, the 12,300 B tile table at kMaxExperts and 1,024 B alignment slack; the
+// limit is 232,448 B).
+template <int kBlockNValue>
+struct WideFp8Layout {
+  static_assert(kBlockNValue == 128 || kBlockNValue == 192, "v11 tiles: 128 x 128 or 128 x 192");
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = kBlockNValue;
+  static constexpr int kStageCount = kBlockN == 128 ? 6 : 4;
+  static constexpr bool kScalesInShared = true;
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kBBytes = kBlockN * kBlockK;
+  static constexpr int kTilesBytes = kStageCount * (kABytes + kBBytes);
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage bases stay 1024-byte aligned (128-byte swizzle)");
+  // Staging: row pitch kBlockN BF16 + 16 B (words = 4 mod 32: the conflict-free pattern of kBf16StagingPitch).
+  static constexpr int kStagingPitch = kBlockN * 2 + 16;
+  static_assert((kStagingPitch / 4) % 32 == 4 && kStagingPitch % 16 == 0, "staging bank math");
+  static constexpr int kStagingRowsPerWarp = kBlockN == 128 ? 8 : 16;  // 8: one row half per chunk
+  static constexpr int kStagingOffset = kTilesBytes;
+  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingRowsPerWarp * kStagingPitch;
+  static constexpr int kScaleFloats = kBlockM + 2;
+  static constexpr int kScalesOffset = kStagingOffset + kStagingBytes;
+  static constexpr int kScalesBytes = (kStageCount * kScaleFloats * 4 + 15) / 16 * 16;
+  static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
+  static constexpr int kTableOffset = kBarrierOffset + 2 * kStageCount * 8;
+  static constexpr int shared_bytes(int num_experts) { return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts); }
+};
+
+template <int kN>
+__device__ __forceinline__ void wgmma_e4m3_wide(float (&d)[kN / 2], uint64_t a_descriptor, uint64_t b_descriptor,
+                                                uint32_t accumulate) {
+  if constexpr (kN == 128) wgmma_m64n128k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
+  else wgmma_m64n192k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
+}
+
+// The K loop of one tile for one math warpgroup (zeroes `accumulator`). stage / phase: the ring cursor
+// (warp-uniform, carried across tiles). a_descriptor0 / b_descriptor0: descriptor start-address words of
+// this warpgroup's A rows and the B tile in stage 0 (uniform). scale_row: this thread's first fragment row
+// inside the tile (its second is + 8). kFormerGroups: 8-column groups j < kFormerGroups use B scale 0.
+// Per element the arithmetic of fp8_kblock_groups: scale00 = scale_a * scale_b, acc += partial * scale00.
+template <class Layout, int kFormerGroups>
+__device__ __forceinline__ void wide_fp8_tile_mainloop(float (&accumulator)[Layout::kBlockN / 2],
+                                                       float (&partial)[Layout::kBlockN / 2],
+                                                       const Fp8GemmShared<Layout>& smem, int k_blocks,
+                                                       uint32_t a_descriptor0, uint32_t b_descriptor0, int scale_row,
+                                                       int& stage, uint32_t& phase) {
+  constexpr int kRegisters = Layout::kBlockN / 2;
+  constexpr int kStages = Layout::kStageCount;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kRegisters; ++i) accumulator[i] = 0.0f;
+#pragma unroll 1
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.full[stage], phase);
+    const float* slot = smem.scales + stage * Layout::kScaleFloats;
+    const float scale_a0 = slot[scale_row], scale_a1 = slot[scale_row + 8];
+    const float scale_b0 = slot[Layout::kBlockM], scale_b1 = slot[Layout::kBlockM + 1];
+    const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
+    const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4);
+#pragma unroll
+    for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+      wgmma_e4m3_wide<Layout::kBlockN>(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                                       sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
+    if (lane == 0) barrier_arrive(&smem.empty[stage]);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    phase ^= stage == 0 ? 1u : 0u;
+    const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
+    const float scale10 = scale_a1 * scale_b0, scale11 = scale_a1 * scale_b1;
+#pragma unroll
+    for (int j = 0; j < kRegisters / 4; ++j) {
+      const float scale0 = j < kFormerGroups ? scale00 : scale01, scale1 = j < kFormerGroups ? scale10 : scale11;
+      accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
+      accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
+      accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
+      accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
+    }
+  }
+}
+
+// BF16 epilogue of one math warpgroup's 64 x kBlockN accumulator (the v8 store_bf16_epilogue_bulk scheme,
+// kBlockN columns, clipped to n): warp w stages its rows 16 w .. 16 w + 15 in its own staging rows and
+// copies each valid row (< m_end) with one 1-D bulk copy of row_bytes = 2 min(kBlockN, n - n0) bytes.
+// warp_staging: this warp's kStagingRowsPerWarp x kStagingPitch bytes; first_row: global row of the
+// warp's fragment row 0; out_tile: out + n0 (column 0 of the tile in row 0); out_cols = n.
+// NOTES: ownership, the read-wait before rewriting staging rows (bulk_wait_all_read of the previous
+// tile's copies), fence.proxy.async + __syncwarp before the copies, and bank math: as
+// store_bf16_epilogue_bulk (pitch words = 4 mod 32). The caller runs bulk_wait_all() before exiting.
+template <class Layout>
+__device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[Layout::kBlockN / 2],
+                                                   uint8_t* warp_staging, int first_row, int m_end,
+                                                   __nv_bfloat16* out_tile, int out_cols, uint32_t row_bytes) {
+  constexpr int kGroupsJ = Layout::kBlockN / 8;
+  constexpr int kRowsPerChunk = Layout::kStagingRowsPerWarp;  // 16: both row halves at once; 8: one
+  constexpr int kChunks = 16 / kRowsPerChunk;
+  constexpr int kHalvesPerChunk = 2 / kChunks;
+  constexpr int kPitch = Layout::kStagingPitch;
+  const int lane = threadIdx.x % 32;
+  const uint32_t lane_address = smem_address(warp_staging) + (lane / 4) * kPitch + (lane % 4) * 4;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int row = first_row + (kChunks == 1 ? lane : 8 * c + lane);
+    const bool copies = lane < kRowsPerChunk && row < m_end;
+    uint32_t pairs[kHalvesPerChunk][kGroupsJ];
+#pragma unroll
+    for (int i = 0; i < kHalvesPerChunk; ++i) {
+      const int h = kChunks == 1 ? i : c;
+#pragma unroll
+      for (int j = 0; j < kGroupsJ; ++j) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+        pairs[i][j] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    }
+    bulk_wait_all_read();
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kHalvesPerChunk; ++i)
+#pragma unroll
+      for (int j = 0; j < kGroupsJ; ++j) st_shared_b32(lane_address + i * 8 * kPitch + 16 * j, pairs[i][j]);
+    fence_proxy_async_shared();
+    __syncwarp();
+    if (lane < kRowsPerChunk) {
+      if (copies)
+        bulk_copy_shared_to_global(out_tile + static_cast<int64_t>(row) * out_cols, warp_staging + lane * kPitch,
+                                   row_bytes);
+      bulk_commit_group();
+    }
+  }
+  __syncwarp();
+}
+
+template <int kBlockN>
+__global__ void __launch_bounds__(kThreadsPerCta, 1)
+    sm90_fp8_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
+                                      const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
+  using Layout = WideFp8Layout<kBlockN>;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr int kStages = Layout::kStageCount;
+
+  extern __shared__ uint8_t shared_raw[];
+  const Fp8GemmShared<Layout> smem(shared_raw);
+  const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
+
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&b_map);
+  }
+  if (warp == 1) build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
+  __syncthreads();
+
+  const int k_blocks = params.k / kBlockK;
+  const int n_tiles = (params.n + kBlockN - 1) / kBlockN;
+  const int n_blocks = params.n / 128;
+  const int total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
+
+  // Register split as sm90_fp8_grouped_gemm_kernel (its NOTES: the pool is 168 x 384; 24 + 2 x 240 = 504).
+  constexpr uint32_t kProducerRegs = 24;
+  constexpr uint32_t kMathRegs = 240;
+  if (warpgroup == 0) {
+    registers_decrease<kProducerRegs>();
+    if (warp == 1) {  // the scale warp: A scales of the tile's rows, the tile's two B block scales
+      PipelineCursor<kStages> cursor;
+      int expert = 0;
+      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+        const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+        const int block0 = where.n_tile * kBlockN / 128;
+        const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
+        const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
+        produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
+                           expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end, k_blocks,
+                           cursor);
+      }
+      cp_async_wait_all();
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    PipelineCursor<kStages> cursor;
+    int expert = 0;
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+      produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end,
+                               expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
+    }
+    return;
+  }
+
+  registers_increase<kMathRegs>();
+  const int math_wg = warpgroup - 1;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = warp % 4;
+  const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale slot of fragment row 0
+  // Descriptor words of stage 0 (uniform: from the broadcast warpgroup index and the shared base).
+  const uint32_t a_descriptor0 = __shfl_sync(
+      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
+  const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
+  uint8_t* const warp_staging =
+      smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingRowsPerWarp * Layout::kStagingPitch;
+  __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
+
+  int stage = 0;
+  uint32_t phase = 0;
+  int expert = 0;
+  float accumulator[kBlockN / 2];
+  float partial[kBlockN / 2];
+  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+    const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
+    const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
+    const int n0 = __shfl_sync(0xffffffffu, t.n_tile, 0) * kBlockN;
+    expert = __shfl_sync(0xffffffffu, expert, 0);
+    if (m_end - m0 <= 64 * math_wg) {  // none of this warpgroup's rows: release every stage unread
+#pragma unroll 1
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        barrier_wait(&smem.full[stage], phase);
+        if (lane == 0) barrier_arrive(&smem.empty[stage]);
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+        phase ^= stage == 0 ? 1u : 0u;
+      }
+      continue;
+    }
+    static_assert(wide_former_groups(128, 0) == 16 && wide_former_groups(192, 0) == 16 &&
+                      wide_former_groups(192, 192) == 8 && wide_former_groups(192, 384) == 16,
+                  "192 t starts 0 or 64 columns into a block: 16 or 8 groups of 8 columns in the first");
+    if constexpr (kBlockN == 128) {
+      wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
+                                         scale_row, stage, phase);
+    } else {  // n0 = 192 t: the first scale block covers 128 (t even) or 64 (t odd) of the tile's columns
+      if (wide_former_groups(kBlockN, n0) == 16)
+        wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
+                                           scale_row, stage, phase);
+      else
+        wide_fp8_tile_mainloop<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
+                                          scale_row, stage, phase);
+    }
+    const uint32_t row_bytes = static_cast<uint32_t>(min(kBlockN, params.n - n0)) * 2u;
+    wide_bf16_epilogue<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, out + n0,
+                               params.n, row_bytes);
+  }
+  bulk_wait_all();
+}
+
+}  // namespace megamoe::kernels::sm90
