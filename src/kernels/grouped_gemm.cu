@@ -142,10 +142,11 @@ void check_common(int64_t m_capacity, int num_experts, int n, int k, const char*
 
 // v11 selection (GroupedGemm2Fp8Args::v11 / v11_block_n; sm90::resolve_v11_block_n): the request, else the
 // environment (read per call, as MEGAMOE_FP8_GEMM_SCHEDULE).
-int resolve_v11_block_n(int v11, int block_n) {
+int resolve_v11_block_n(int v11, int block_n, int rows_hint, int num_experts, int n) {
   const char* env_v11 = std::getenv("MEGAMOE_FP8_GEMM_V11");
   const char* env_bn = std::getenv("MEGAMOE_FP8_GEMM_V11_BN");
-  const int resolved = sm90::resolve_v11_block_n(v11, block_n, env_v11, env_bn);
+  const int resolved =
+      sm90::resolve_v11_block_n(v11, block_n, env_v11, env_bn, sm90::prefer_fp8_v11(rows_hint, num_experts, n));
   MEGAMOE_CHECK(resolved >= 0, "v11 = ", v11, ", v11_block_n = ", block_n, " (MEGAMOE_FP8_GEMM_V11 = '",
                 env_v11 ? env_v11 : "", "', MEGAMOE_FP8_GEMM_V11_BN = '", env_bn ? env_bn : "",
                 "'): v11 must be -1, 0 or 1 (the variable 0 or 1), the block width 0, 128 or 192 (the variable 128 or 192)");
@@ -155,7 +156,7 @@ int resolve_v11_block_n(int v11, int block_n) {
 void launch_plain(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
                   const int32_t* offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
                   int rows_hint, Fp8GemmSchedule requested, int v11, int v11_block_n, cudaStream_t stream) {
-  if (const int block_n = resolve_v11_block_n(v11, v11_block_n); block_n != 0) {
+  if (const int block_n = resolve_v11_block_n(v11, v11_block_n, rows_hint, num_experts, n); block_n != 0) {
     detail::launch_fp8_v11(a, a_scales, weights, weight_scales, offsets, out, m_capacity, num_experts, n, k, block_n,
                            stream);
     return;

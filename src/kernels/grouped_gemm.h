@@ -139,7 +139,8 @@ struct GroupedGemm2Fp8Args {
   Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto;
   // v11 (docs/grouped_gemm.md "v11", sm90_fp8_wide_grouped_gemm.cuh): 128 x v11_block_n tiles, one wgmma
   // group per warpgroup and k-block, uniform descriptors; bit-identical outputs. Opt-in while measured:
-  // 1 = v11, 0 = the v8-v10 kernels, -1 = the environment variable MEGAMOE_FP8_GEMM_V11 ("0" / "1"), else 0.
+  // 1 = v11, 0 = the v8-v10 kernels, -1 = the environment variable MEGAMOE_FP8_GEMM_V11 ("0" / "1"), else the
+  // heuristic sm90::prefer_fp8_v11 (v11 above a mean of 32 rows per expert or for an unknown hint).
   // v11_block_n: 128 or 192; 0 = MEGAMOE_FP8_GEMM_V11_BN ("128" / "192"), else 192.
   int v11 = -1;
   int v11_block_n = 0;

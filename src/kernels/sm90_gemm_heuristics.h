@@ -127,10 +127,22 @@ constexpr int wide_former_groups(int block_n, int n0) {
 }
 constexpr int wide_second_block(int n0, int n) { return n0 / 128 + 1 < n / 128 ? n0 / 128 + 1 : n / 128 - 1; }
 
+// Whether v11 is the default for a plain / GEMM-2 call (v11 = -1 with MEGAMOE_FP8_GEMM_V11 unset).
+// NOTES: measured (docs/perf.md session 12, one H200, bit-identical outputs): v11 at 128 x 192 is 1.01-1.13x the
+// v8-v10 kernels at 512-4096 rows per expert (dsv3, ms4, qwen3-30b), 1.02x at 128 rows, 0.94-0.98x at 8-64 rows
+// when every expert has exactly that many; in the staged dsv3 layer at 2048 tokens (a mean of 64 rows per expert,
+// uniform routing) it cut GEMM 2 from 1262 to 953 µs, because the old heuristic's 64-row tiles need two m-tiles (two
+// weight reads) for every expert above 64 rows. Hence v11 from a mean of 33 rows up (and for an unknown hint).
+// A B box of 192 rows needs num_experts x n >= 192 rows in the tensor map: smaller problems keep the old kernel.
+inline bool prefer_fp8_v11(int rows_per_expert_hint, int num_experts, int n) {
+  return (rows_per_expert_hint <= 0 || rows_per_expert_hint > 32) && static_cast<long>(num_experts) * n >= 192;
+}
+
 // v11 selection (GroupedGemm2Fp8Args::v11 / v11_block_n): v11 = 1 on, 0 off, -1 = env_v11 ("0" / "1"; unset
-// or empty: off); block_n = 128 / 192, 0 = env_bn ("128" / "192"; unset or empty: 192). Returns the tile width,
-// 0 when v11 is off, -1 when a value (argument or environment) is invalid. env_* may be null (unset).
-inline int resolve_v11_block_n(int v11, int block_n, const char* env_v11, const char* env_bn) {
+// or empty: `auto_on`, i.e. prefer_fp8_v11); block_n = 128 / 192, 0 = env_bn ("128" / "192"; unset or empty: 192).
+// Returns the tile width, 0 when v11 is off, -1 when a value (argument or environment) is invalid. env_* may be
+// null (unset).
+inline int resolve_v11_block_n(int v11, int block_n, const char* env_v11, const char* env_bn, bool auto_on = false) {
   const auto is = [](const char* text, const char* what) {
     for (; *text && *what; ++text, ++what)
       if (*text != *what) return false;
@@ -139,7 +151,7 @@ inline int resolve_v11_block_n(int v11, int block_n, const char* env_v11, const 
   const bool env_v11_set = env_v11 != nullptr && *env_v11 != '\0';
   if (v11 < -1 || v11 > 1) return -1;
   if (v11 == -1 && env_v11_set && !is(env_v11, "0") && !is(env_v11, "1")) return -1;
-  const bool on = v11 == -1 ? env_v11_set && is(env_v11, "1") : v11 == 1;
+  const bool on = v11 == -1 ? (env_v11_set ? is(env_v11, "1") : auto_on) : v11 == 1;
   if (!on) return 0;
   if (block_n == 0) {
     if (env_bn == nullptr || *env_bn == '\0') return 192;

@@ -282,6 +282,19 @@ TEST(GroupedGemmV11, Selection) {
   EXPECT_EQ(resolve_v11_block_n(1, 256, nullptr, nullptr), -1);
   EXPECT_EQ(resolve_v11_block_n(2, 0, nullptr, nullptr), -1);
   EXPECT_EQ(resolve_v11_block_n(0, 256, nullptr, nullptr), 0);  // off: the width is not looked at
+  // Unset variable: the heuristic's choice (prefer_fp8_v11), which the variable and the argument override.
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, nullptr, nullptr, true), 192);
+  EXPECT_EQ(resolve_v11_block_n(-1, 128, "", nullptr, true), 128);
+  EXPECT_EQ(resolve_v11_block_n(-1, 0, "0", nullptr, true), 0);
+  EXPECT_EQ(resolve_v11_block_n(0, 0, nullptr, nullptr, true), 0);
+  using kernels::sm90::prefer_fp8_v11;
+  EXPECT_TRUE(prefer_fp8_v11(0, 32, 7168));     // unknown rows: large tiles
+  EXPECT_TRUE(prefer_fp8_v11(33, 32, 7168));
+  EXPECT_TRUE(prefer_fp8_v11(4096, 128, 2048));
+  EXPECT_FALSE(prefer_fp8_v11(32, 32, 7168));   // small groups keep the 64-row tiles of the v8-v10 kernels
+  EXPECT_FALSE(prefer_fp8_v11(8, 256, 7168));
+  EXPECT_FALSE(prefer_fp8_v11(256, 1, 128));    // a 192-row B box would not fit 128 rows of weights
+  EXPECT_TRUE(prefer_fp8_v11(256, 2, 128));
 }
 
 }  // namespace
