@@ -34,6 +34,11 @@ struct GemmBenchOptions {
   // on kGateUp weights, GEMM 2 v1 tiles), "on" = v2 (GEMM 1 wide on kGateUpInterleaved8, GEMM 2 v2), "both" =
   // off in the main columns and v2 timed right after it per point (a row "v2" with the speed-up).
   std::string bf16_v2 = "auto";
+  // FP8 GEMM 1 in two passes (kernels/swiglu_quant.h), --format fp8 only: "off", or "both" = the fused kernel in
+  // the main columns and, timed right after it per point, rows "two_pass" (plain grouped GEMM n = 2I into BF16 +
+  // swiglu_quant_fp8, one timed span), "two_pass_gemm" (the plain GEMM alone) and "two_pass_swiglu" (pass 2 alone;
+  // also its HBM GB/s: BF16 in, E4M3 + scales out).
+  std::string gemm1_two_pass = "off";
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.

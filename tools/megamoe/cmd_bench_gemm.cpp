@@ -27,6 +27,10 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                                     "BF16 kernels (--format bf16): auto (library default), off (v1), on (v2: wide "
                                     "128 x 256 tiles, bulk stores), both (off in the main columns, v2 right after it)")
                          ->check(CLI::IsMember({"auto", "off", "on", "both"}));
+                     app.add_option("--gemm1-two-pass", options->gemm1_two_pass,
+                                    "FP8 GEMM 1 in two passes: off, both (fused in the main columns; two_pass, "
+                                    "two_pass_gemm and two_pass_swiglu timed right after it per point)")
+                         ->check(CLI::IsMember({"off", "both"}));
                      app.add_option("--json", options->json_path, "write results as JSON here");
                      return [options] { return megamoe::bench::run_gemm_bench(*options); };
                    });
