@@ -40,9 +40,9 @@ res = {}
 for f in sorted(os.listdir(d)):
     if not (f.startswith("layer_") and f.endswith(".json")): continue
     cfg, rnd = f[6:-5].rsplit("_", 1)
-    for r in json.load(open(os.path.join(d, f))):
+    for r in json.load(open(os.path.join(d, f)))["cases"]:
         ph = r.get("phases_us") or {}
-        res.setdefault((r.get("tokens_per_rank"), cfg), []).append("%d (%d / %d)" % (r["median_us"], ph.get("gemm1", 0), ph.get("gemm2", 0)))
+        res.setdefault((r.get("tokens"), cfg), []).append("%d (%d / %d)" % (r["median_us"], ph.get("gemm1", 0), ph.get("gemm2", 0)))
 for k in sorted(res): print("%6s %-6s %s" % (k[0], k[1], "  ".join(res[k])))
 PY
 print_summary
