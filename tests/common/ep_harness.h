@@ -508,7 +508,10 @@ inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<
           g_abs += std::fabs(wg * x[col]);
           u_abs += std::fabs(wu * x[col]);
         }
-        const float gf = static_cast<float>(g), uf = static_cast<float>(u);
+        // The two-pass GEMM 1 rounds gate and up to BF16 before the activation: the reference does too, so its
+        // FP8 codes follow the kernel's (the tolerance above keeps 2^-8 for a BF16 midpoint the fp32 sum crosses).
+        const float gf = bf16_gate_up ? round_bf16(static_cast<float>(g)) : static_cast<float>(g);
+        const float uf = bf16_gate_up ? round_bf16(static_cast<float>(u)) : static_cast<float>(u);
         float a;
         if (c.activation.kind == Activation::Kind::kSiluMul) {
           a = gf / (1.0f + std::exp(-gf)) * uf;
