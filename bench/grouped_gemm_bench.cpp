@@ -6,6 +6,7 @@
 // denominator (cuBLASLt FP8 is not run). With format "nvfp4" / "mxfp4": the W4A8 grouped GEMMs (same
 // epilogues as FP8) on random packed FP4 weights (scale bytes in a range where the decode exponent is
 // 5), vs cuBLASLt dense FP8 on the same FLOPs; weight GB/s counts FP4 bytes + group scales + block records.
+// --gemm1-two-pass both (FP8): GEMM 1 also as plain grouped GEMM + swiglu_quant_fp8 (kernels/swiglu_quant.h).
 // Every timed launch is preceded by a 256 MiB memset so that L2 (50 MiB) holds none of its inputs;
 // the figure is the median over `repeats` launches, each timed by its own CUDA events.
 #include "bench/grouped_gemm_bench.h"
@@ -27,6 +28,7 @@
 
 #include "megamoe/error_cuda.h"
 #include "src/kernels/grouped_gemm.h"
+#include "src/kernels/swiglu_quant.h"
 #endif
 
 namespace megamoe::bench {
@@ -193,6 +195,7 @@ struct Point {
   std::string schedule;  // FP8: the schedule of `us`
   // --schedule all: the FP8 kernel under the other schedules, timed right after `us` (serial).
   std::vector<std::pair<std::string, double>> schedule_us;
+  double swiglu_us = 0, swiglu_bytes = 0;  // --gemm1-two-pass both: pass 2 alone and the bytes it moves
   double flops() const { return 2.0 * rows * experts * n * k; }
   double weight_bytes() const {
     const double per_element = bf16              ? 2.0
@@ -224,6 +227,9 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   MEGAMOE_CHECK(options.gemm1_v9 == "off" || options.gemm1_v9 == "on" || options.gemm1_v9 == "both",
                 "--gemm1-v9 = '", options.gemm1_v9, "' must be off, on or both");
   MEGAMOE_CHECK(!options.v9_skews.empty(), "--v9-skews needs at least one value");
+  MEGAMOE_CHECK(options.gemm1_two_pass == "off" || options.gemm1_two_pass == "both", "--gemm1-two-pass = '",
+                options.gemm1_two_pass, "' must be off or both");
+  const bool two_pass = options.gemm1_two_pass == "both" && options.format == "fp8";
   const kernels::GemmRole gemm1_packing =
       options.gemm1_v9 == "on" ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
   const kernels::Fp8GemmSchedule schedule = options.schedule == "pingpong"  ? kernels::Fp8GemmSchedule::kPingPong
@@ -273,6 +279,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
     Device dense_w8(fp4_group ? std::max(2 * I * H, H * I) : 1);
     Device x(max_m * H * element_bytes), x_scales(max_m * (H / 128) * 4), topk(max_m * 4);
     Device h(max_m * I * element_bytes), h_scales(max_m * (I / 128) * 4), out(max_m * H * 2);
+    Device gate_up(two_pass ? max_m * 2 * I * 2 : 16);  // the two-pass GEMM 1's BF16 intermediate
     // FP8 mode: separate bf16 operands for the cuBLAS BF16 column; bf16 mode: cuBLAS reads w/x directly.
     const int64_t max_k = bf16 ? 1 : H, max_n = bf16 ? 1 : std::max(2 * I, H);
     Device dense_x_bf16(max_m * max_k * 2), dense_w_bf16(max_n * max_k * 2), dense_out(max_m * std::max(2 * I, H) * 2);
@@ -300,6 +307,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
     fill_random(topk, Fill::kScale, 9);
     fill_random(dense_x_bf16, Fill::kBf16, 10);
     fill_random(dense_w_bf16, Fill::kBf16, 11);
+    if (two_pass) fill_random(gate_up, Fill::kBf16, 14);  // pass 2 alone reads it (values only matter for NaNs)
     for (int rows : options.rows_per_expert) {
       std::vector<int32_t> host_offsets(E + 1);
       for (int64_t e = 0; e <= E; ++e) host_offsets[e] = static_cast<int32_t>(e * rows);
@@ -416,6 +424,44 @@ int run_gemm_bench(const GemmBenchOptions& options) {
             args.packing = gemm1_packing;
             args.v9_skew_kblocks = options.v9_skews.front();
           }
+          if (two_pass) {  // the same arguments on kGateUp weights; the main column's schedule and rows hint
+            const kernels::GemmRole main_packing = args.packing;
+            args.packing = kernels::GemmRole::kGateUp;
+            uint16_t* bf16_gate_up = gate_up.as<uint16_t>();
+            p.schedule_us.emplace_back("two_pass", timer.median_us([&] {
+              kernels::grouped_gemm1_fp8_two_pass(args, bf16_gate_up, nullptr);
+            }));
+            kernels::GroupedGemmFp8Args plain;
+            plain.a = args.a;
+            plain.a_scales = args.a_scales;
+            plain.weights = args.weights;
+            plain.weight_scales = args.weight_scales;
+            plain.expert_offsets = args.expert_offsets;
+            plain.out = bf16_gate_up;
+            plain.m_capacity = m;
+            plain.num_experts = static_cast<int>(E);
+            plain.n = static_cast<int>(2 * I);
+            plain.k = static_cast<int>(H);
+            plain.rows_per_expert_hint = args.rows_per_expert_hint;
+            plain.schedule = args.schedule;
+            p.schedule_us.emplace_back("two_pass_gemm", timer.median_us([&] {
+              kernels::grouped_gemm_fp8_bf16out(plain, nullptr);
+            }));
+            kernels::SwigluQuantFp8Args pass2;
+            pass2.in = bf16_gate_up;
+            pass2.expert_offsets = args.expert_offsets;
+            pass2.topk_weights = args.topk_weights;
+            pass2.out = args.out;
+            pass2.out_scales = args.out_scales;
+            pass2.m_capacity = m;
+            pass2.num_experts = static_cast<int>(E);
+            pass2.intermediate = static_cast<int>(I);
+            pass2.activation = args.activation;
+            p.swiglu_us = timer.median_us([&] { kernels::swiglu_quant_fp8(pass2, nullptr); });
+            p.schedule_us.emplace_back("two_pass_swiglu", p.swiglu_us);
+            p.swiglu_bytes = static_cast<double>(m) * (2 * I * 2 + I + I / 128 * 4);
+            args.packing = main_packing;
+          }
           for (const auto& [name, other] : other_schedules) {
             if (!all_schedules) break;
             args.schedule = other;
@@ -479,6 +525,9 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           std::printf("%-10s %5d %5s | %-8s %9.1f us %8.1f TFLOP/s | speedup vs main column %.3f | vs cuBLAS %.2f\n",
                       model.c_str(), rows, p.gemm.c_str(), name.c_str(), us, p.flops() / us * 1e-6, p.us / us,
                       p.denominator_us() / us);
+        if (p.swiglu_us > 0)
+          std::printf("%-10s %5d %5s | two_pass_swiglu %.1f us = %.0f GB/s (BF16 in, E4M3 + scales out)\n", model.c_str(),
+                      rows, p.gemm.c_str(), p.swiglu_us, p.swiglu_bytes / p.swiglu_us * 1e-3);
         if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.schedule;
         if (!bf16 && !fp4_group && which == 1 && options.gemm1_v9 == "on") p.schedule += "+v9";
         if (!bf16 && !fp4_group && which == 2 && options.fp8_v11 == "on") p.schedule += "+v11";
@@ -521,6 +570,10 @@ int run_gemm_bench(const GemmBenchOptions& options) {
         records.back()[name + "_tflops"] = p.flops() / us * 1e-6;
         records.back()[name + "_speedup_vs_serial"] = p.us / us;
         records.back()[name + "_ratio_vs_cublas_fp8"] = p.cublas_fp8_us / us;
+      }
+      if (p.swiglu_us > 0) {
+        records.back()["two_pass_swiglu_gbps"] = p.swiglu_bytes / p.swiglu_us * 1e-3;
+        records.back()["two_pass_speedup_vs_fused"] = p.us / records.back()["two_pass_us"].get<double>();
       }
     }
     std::ofstream(options.json_path) << records.dump(2) << "\n";

@@ -40,6 +40,11 @@ struct GemmBenchOptions {
   // else 192).
   std::string fp8_v11 = "auto";
   int v11_bn = 0;
+  // FP8 GEMM 1 in two passes (kernels/swiglu_quant.h), --format fp8 only: "off", or "both" = the fused kernel in
+  // the main columns and, timed right after it per point, rows "two_pass" (plain grouped GEMM n = 2I into BF16 +
+  // swiglu_quant_fp8, one timed span), "two_pass_gemm" (the plain GEMM alone) and "two_pass_swiglu" (pass 2 alone;
+  // also its HBM GB/s: BF16 in, E4M3 + scales out).
+  std::string gemm1_two_pass = "off";
 };
 
 // Prints a table to stdout (and JSON to options.json_path); returns the process exit code.

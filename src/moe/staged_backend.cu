@@ -1,6 +1,7 @@
 // `staged` backend. Experts run on the sm90 wgmma grouped GEMMs (kernels/grouped_gemm.h): FP8-block
 // (GEMM 1 with the SwiGLU + top-k weight + FP8 requant epilogue, GEMM 2 with BF16 out) and BF16 x BF16
-// (GEMM 1 with the SwiGLU + top-k weight epilogue to BF16, GEMM 2 with BF16 out), and W4A8 (NVFP4 / MXFP4
+// (GEMM 1 with the SwiGLU + top-k weight epilogue to BF16, GEMM 2 with BF16 out; FP8 GEMM 1 optionally in two
+// passes, MEGAMOE_FP8_GEMM1_TWO_PASS=1), and W4A8 (NVFP4 / MXFP4
 // weights decoded to FP8 in the mainloop, the FP8 epilogues; weights packed by pack_w4a8_expert_weights).
 #include <cuda_bf16.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "backends/registry.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/sm90_gemm_heuristics.h"
+#include "kernels/swiglu_quant.h"
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
@@ -69,17 +71,24 @@ class StagedBackend final : public MoeBackend {
     // BF16: kGateUpInterleaved8 (the BF16 v2 GEMM-1 kernel, docs/grouped_gemm.md "BF16 v2") when
     // kernels::bf16_gemm_v2_default() (MEGAMOE_BF16_GEMM_V2=0/1, else the heuristic), else kGateUp.
     // W4A8 keeps its own layout.
+    // FP8-block, MEGAMOE_FP8_GEMM1_TWO_PASS=1 (read once here; default off): GEMM 1 in two passes, the plain
+    // grouped GEMM (BF16 gate/up into the scratch's gate_up) then swiglu_quant_fp8 (kernels/swiglu_quant.h,
+    // docs/grouped_gemm.md "Two-pass GEMM 1"). The plain GEMM needs the by-128 gate/up order, so W13 is packed
+    // kGateUp whatever v9's heuristic or MEGAMOE_FP8_GEMM1_V9 would pick.
     if (config.weight_format == WeightFormat::kFp8Block) {
+      fp8_gemm1_two_pass_ = kernels::fp8_gemm1_two_pass_from_env();
       const char* v9 = std::getenv("MEGAMOE_FP8_GEMM1_V9");
-      const bool use_v9 = v9 && *v9 ? std::string(v9) == "1" : kernels::sm90::prefer_gate_up_interleaved8(config.hidden);
+      const bool use_v9 = !fp8_gemm1_two_pass_ &&
+                          (v9 && *v9 ? std::string(v9) == "1" : kernels::sm90::prefer_gate_up_interleaved8(config.hidden));
       gate_up_packing_ = use_v9 ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
     } else if (config.weight_format == WeightFormat::kBf16) {
       gate_up_packing_ = kernels::bf16_gemm_v2_default() ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
     }
     if (!workspace) workspace = make_moe_workspace();  // one layer: a private region
     workspace_ = workspace;
-    scratch_ = acquire_staged_scratch(*workspace, config, *ep);
+    scratch_ = acquire_staged_scratch(*workspace, config, *ep, fp8_gemm1_two_pass_);
     weights_ = ExpertSlabs::allocate(config, local_experts_, gate_up_packing_, [this](size_t bytes) { return alloc(bytes); });
+    weights_.fp8_gemm1_two_pass = fp8_gemm1_two_pass_;
     loaded_.assign(local_experts_, false);
   }
   ~StagedBackend() override {
@@ -168,6 +177,7 @@ class StagedBackend final : public MoeBackend {
   int local_experts_ = 0, first_expert_ = 0;
   bool destroyed_ = false, warmed_up_ = false;
   kernels::GemmRole gate_up_packing_ = kernels::GemmRole::kGateUp;  // FP8-block / BF16 W13 layout (constructor)
+  bool fp8_gemm1_two_pass_ = false;  // FP8-block: MEGAMOE_FP8_GEMM1_TWO_PASS (constructor)
   ExpertSlabs weights_;  // in allocations_
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;

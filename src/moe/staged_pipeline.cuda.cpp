@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/grouped_gemm.h"
+#include "kernels/swiglu_quant.h"
 #include "megamoe/ep.h"
 #include "megamoe/error_cuda.h"
 #include "moe/packed_weights.h"
@@ -80,9 +81,10 @@ std::string staged_scratch_key(const MoeConfig& c, const EpGroup& ep) {
 }
 }  // namespace
 
-std::shared_ptr<StagedScratch> acquire_staged_scratch(MoeWorkspace& workspace, const MoeConfig& config, EpGroup& ep) {
+std::shared_ptr<StagedScratch> acquire_staged_scratch(MoeWorkspace& workspace, const MoeConfig& config, EpGroup& ep,
+                                                      bool fp8_gemm1_two_pass) {
   const bool fp8 = config.weight_format != WeightFormat::kBf16;  // FP8 activations (fp8_block, W4A8)
-  return std::static_pointer_cast<StagedScratch>(workspace.acquire(staged_scratch_key(config, ep), [&] {
+  auto scratch = std::static_pointer_cast<StagedScratch>(workspace.acquire(staged_scratch_key(config, ep), [&] {
     auto scratch = std::make_shared<StagedScratch>();
     EpDispatchConfig dc;
     dc.hidden = config.hidden;
@@ -100,6 +102,17 @@ std::shared_ptr<StagedScratch> acquire_staged_scratch(MoeWorkspace& workspace, c
     scratch->y = static_cast<__nv_bfloat16*>(scratch->alloc(2 * rows * H));
     return scratch;
   }));
+  if (fp8_gemm1_two_pass) {
+    // NOTES: the region's key does not name the two-pass switch, so the staged layers of a geometry (and a mega
+    // layer's split path) keep sharing one region; the BF16 buffer joins it on the first request.
+    MEGAMOE_CHECK(config.weight_format == WeightFormat::kFp8Block, "the two-pass GEMM 1 is FP8-block only (weight_format ",
+                  weight_format_name(config.weight_format), ")");
+    const std::lock_guard<std::mutex> lock(scratch->gate_up_mutex);
+    if (scratch->gate_up == nullptr)
+      scratch->gate_up = static_cast<uint16_t*>(
+          scratch->alloc(sizeof(uint16_t) * scratch->io->received().max_rows * 2 * config.intermediate));
+  }
+  return scratch;
 }
 
 StagedPhaseEvents::~StagedPhaseEvents() {
@@ -223,7 +236,14 @@ void run_staged_pipeline(const MoeConfig& config, int local_experts, StagedScrat
     g1.rows_per_expert_hint = rows_hint;
     g1.activation = config.activation;
     g1.packing = w.gate_up_packing;  // the layout the slabs were loaded with
-    kernels::grouped_gemm1_fp8(g1, s);
+    if (w.fp8_gemm1_two_pass) {  // plain grouped GEMM -> BF16 gate/up -> swiglu_quant_fp8 (swiglu_quant.h)
+      MEGAMOE_CHECK(scratch.gate_up != nullptr,
+                    "two-pass FP8 GEMM 1: the staged scratch has no gate_up buffer (acquire_staged_scratch with "
+                    "fp8_gemm1_two_pass)");
+      kernels::grouped_gemm1_fp8_two_pass(g1, scratch.gate_up, s);
+    } else {
+      kernels::grouped_gemm1_fp8(g1, s);
+    }
     phases.mark(2, s);  // after GEMM 1
     kernels::GroupedGemm2Fp8Args g2;
     g2.a = static_cast<const uint8_t*>(scratch.act);

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,11 @@ namespace megamoe {
 struct ExpertSlabs {
   WeightFormat format = WeightFormat::kBf16;
   kernels::GemmRole gate_up_packing = kernels::GemmRole::kGateUp;
+  // FP8-block only: GEMM 1 in two passes (kernels/swiglu_quant.h: the plain grouped GEMM into
+  // StagedScratch::gate_up, then swiglu_quant_fp8) instead of the fused SwiGLU epilogue. Needs
+  // gate_up_packing == kGateUp and a scratch acquired with fp8_gemm1_two_pass. The staged backend sets it
+  // from MEGAMOE_FP8_GEMM1_TWO_PASS; mega never does.
+  bool fp8_gemm1_two_pass = false;
   void *w13 = nullptr, *w2 = nullptr;
   float *w13_scales = nullptr, *w2_scales = nullptr;                     // FP8-block
   uint8_t *w13_group_scales = nullptr, *w2_group_scales = nullptr;      // W4A8
@@ -50,12 +56,15 @@ struct ExpertSlabs {
 //   act        rows * I * (1 for FP8 / W4A8, 2 for BF16) bytes
 //   act_scales rows * I/128 * 4 bytes (FP8 / W4A8)
 //   y          rows * H * 2 bytes
+//   gate_up    rows * 2I * 2 bytes, only once a user asked for the two-pass FP8 GEMM 1 (BF16 gate/up)
 // plus the dispatcher's device and symmetric bytes (docs/ep.md).
 struct StagedScratch final : MoeWorkspace::Shared {
   std::unique_ptr<EpDispatcher> io;
   void* act = nullptr;
   float* act_scales = nullptr;
   __nv_bfloat16* y = nullptr;
+  uint16_t* gate_up = nullptr;  // BF16 bits [rows, 2I], packed gate/up order; null unless two-pass was asked for
+  std::mutex gate_up_mutex;     // acquire_staged_scratch's lazy allocation of gate_up (layers share the region)
   std::vector<void*> allocations;
   ~StagedScratch() override;
   void* alloc(size_t bytes);
@@ -64,7 +73,10 @@ struct StagedScratch final : MoeWorkspace::Shared {
 // The region for `config` on `group` from `workspace`, made on first use (collective: the dispatcher
 // allocates its symmetric window). The key names the backend-independent geometry, so a staged layer
 // and a mega layer's split path of one geometry share one region (layers never overlap in time).
-std::shared_ptr<StagedScratch> acquire_staged_scratch(MoeWorkspace& workspace, const MoeConfig& config, EpGroup& group);
+// fp8_gemm1_two_pass: also make sure the region has gate_up (allocated on the first such request, at backend
+// creation, never during a forward).
+std::shared_ptr<StagedScratch> acquire_staged_scratch(MoeWorkspace& workspace, const MoeConfig& config, EpGroup& group,
+                                                      bool fp8_gemm1_two_pass = false);
 
 // CUDA events at the four phase boundaries (dispatch, gemm1, gemm2, combine) of a pipeline run.
 // NOTES: five events bound the four phases. Recording an event is one stream operation (~1-2 us, no

@@ -467,8 +467,11 @@ inline double e4m3_step(double v) {
 //   * final fp32 sum + BF16 rounding: 2^-8 |out|.
 //   * combine (ranks > 1): each rank's partial is rounded to BF16 before the fp32 sum: 2^-8 |partial|
 //     per contributing rank when a token's experts span several ranks.
+//   * bf16_gate_up (the two-pass FP8 GEMM 1, kernels/swiglu_quant.h): gate and up are rounded to BF16 before
+//     the activation: 2^-8 |g| and 2^-8 |u| more, through the same derivative bound, in h's error.
 inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<HostExpert>& experts, const RankInputs& in,
-                                          std::vector<double>* tolerance = nullptr, int ranks = 1) {
+                                          std::vector<double>* tolerance = nullptr, int ranks = 1,
+                                          bool bf16_gate_up = false) {
   const int H = c.hidden, I = c.intermediate, k = c.top_k;
   const bool fp8 = c.weight_format != WeightFormat::kBf16;
   const double gemm_rel = std::ldexp(1.0, -9);
@@ -505,7 +508,10 @@ inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<
           g_abs += std::fabs(wg * x[col]);
           u_abs += std::fabs(wu * x[col]);
         }
-        const float gf = static_cast<float>(g), uf = static_cast<float>(u);
+        // The two-pass GEMM 1 rounds gate and up to BF16 before the activation: the reference does too, so its
+        // FP8 codes follow the kernel's (the tolerance above keeps 2^-8 for a BF16 midpoint the fp32 sum crosses).
+        const float gf = bf16_gate_up ? round_bf16(static_cast<float>(g)) : static_cast<float>(g);
+        const float uf = bf16_gate_up ? round_bf16(static_cast<float>(u)) : static_cast<float>(u);
         float a;
         if (c.activation.kind == Activation::Kind::kSiluMul) {
           a = gf / (1.0f + std::exp(-gf)) * uf;
@@ -519,7 +525,9 @@ inline std::vector<float> reference_layer(const MoeConfig& c, const std::vector<
         const double dg = c.activation.kind == Activation::Kind::kSiluMul
                               ? 1.1 * std::fabs(uf)
                               : (1.1 + c.activation.alpha * std::fabs(gf) / 4) * (std::fabs(uf) + 1.0);
-        h_err[i] = gemm_rel * (dg * g_abs + std::max(1.0, static_cast<double>(std::fabs(gf))) * u_abs) *
+        const double g_err = gemm_rel * g_abs + (bf16_gate_up ? std::ldexp(std::fabs(g), -8) : 0.0);
+        const double u_err = gemm_rel * u_abs + (bf16_gate_up ? std::ldexp(std::fabs(u), -8) : 0.0);
+        h_err[i] = (dg * g_err + std::max(1.0, static_cast<double>(std::fabs(gf))) * u_err) *
                    (c.apply_topk_in_fc1 ? w : 1.0f) + 1e-6 * std::fabs(a);
       }
       std::vector<double> flip_step(I, 0.0);  // size of a possible code flip of a_i (0 = unambiguous)
@@ -717,6 +725,7 @@ struct BackendCaseOptions {
   // token in one fp32 chain, as `mega` does on any rank count (a multi-rank staged rounds each rank's
   // partial to bf16 first), so the two can be compared bit for bit.
   bool compare_on_single_rank = false;
+  bool bf16_gate_up = false;  // the reference's tolerance for the two-pass FP8 GEMM 1 (reference_layer)
 };
 
 // Backend `name` on `group` holding its share of `experts` (indexed globally), loaded and warmed up.
@@ -868,7 +877,7 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   if (name == "mega[fused]" || name == "mega[split]")
     EXPECT_EQ("mega[" + backend->last_forward_path() + "]", name) << "the forced path was not taken";
   std::vector<double> tolerance;
-  const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(*backend, R));
+  const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(*backend, R), options.bf16_gate_up);
   const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
   EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;

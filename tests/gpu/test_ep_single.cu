@@ -99,5 +99,40 @@ TEST_F(EpSingle, StagedMatchesReference) {
   run_staged_case(*group, fc1, stream_, false);
 }
 
+// MEGAMOE_FP8_GEMM1_TWO_PASS=1 (read when the backend is created): the staged FP8 GEMM 1 as the plain grouped GEMM
+// (BF16 gate/up) + swiglu_quant_fp8, against the host reference with the BF16 rounding of gate / up in its
+// tolerance. hidden 256 (<= 4096: without the switch W13 would be packed for v9; the switch packs kGateUp), both
+// activations, the top-k weight in GEMM 1 (apply_topk_in_fc1) and in the combine, a CUDA graph replay, experts of
+// 0 rows (kPadded routing); a bad value of the variable is rejected at creation.
+TEST_F(EpSingle, StagedGemm1TwoPassMatchesReference) {
+  auto group = single_rank_group();
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM1_TWO_PASS", "1", 1), 0);
+  BackendCaseOptions options;
+  options.graph_replay = true;
+  options.repeats = 1;
+  options.bf16_gate_up = true;
+  LayerCase lc;
+  lc.config.hidden = 256;
+  lc.config.intermediate = 256;
+  lc.config.num_experts = 8;
+  lc.config.top_k = 3;
+  lc.config.weight_format = WeightFormat::kFp8Block;
+  lc.config.max_tokens_per_rank = 96;
+  lc.tokens_per_rank = {77};
+  lc.routing = Routing::kPadded;
+  run_backend_case("staged", *group, lc, stream_, options);
+  LayerCase fc1;
+  fc1.config = MoeConfig{256, 128, 4, 2, WeightFormat::kFp8Block, Activation{Activation::Kind::kSwigluClamped}, true, 0, 64};
+  fc1.tokens_per_rank = {40};
+  run_backend_case("staged", *group, fc1, stream_, options);
+  LayerCase wide;  // hidden > 4096 (split-N packing either way), I = 3 blocks
+  wide.config = MoeConfig{5120, 384, 4, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 32};
+  wide.tokens_per_rank = {29};
+  run_backend_case("staged", *group, wide, stream_, options);
+  ASSERT_EQ(setenv("MEGAMOE_FP8_GEMM1_TWO_PASS", "yes", 1), 0);
+  EXPECT_THROW(make_backend("staged", lc.config, group.get()), Error);
+  unsetenv("MEGAMOE_FP8_GEMM1_TWO_PASS");
+}
+
 }  // namespace
 }  // namespace megamoe::testing

@@ -34,6 +34,10 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                      app.add_option("--v11-bn", options->v11_bn,
                                     "v11 tile width: 128 or 192 (0 = MEGAMOE_FP8_GEMM_V11_BN, else 192)")
                          ->check(CLI::IsMember({0, 128, 192}));
+                     app.add_option("--gemm1-two-pass", options->gemm1_two_pass,
+                                    "FP8 GEMM 1 in two passes: off, both (fused in the main columns; two_pass, "
+                                    "two_pass_gemm and two_pass_swiglu timed right after it per point)")
+                         ->check(CLI::IsMember({"off", "both"}));
                      app.add_option("--json", options->json_path, "write results as JSON here");
                      return [options] { return megamoe::bench::run_gemm_bench(*options); };
                    });
