@@ -264,7 +264,8 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
     return;
   }
   const sm90::TileConfig tile =
-      sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n, multiprocessor_count());
+      sm90::choose_gate_up_tile(args.rows_per_expert_hint, args.num_experts, params.n, multiprocessor_count(),
+                                sm90::kFp8Gemm1SmallRowsLimit);
   if (tile.sub_tiles_m == 1)
     launch<sm90::kSplitNSmall, Epilogue::kSwigluQuantFp8>(args.a, args.weights, params, schedule, stream);
   else

@@ -56,8 +56,11 @@ inline double wave_efficiency(long tiles, int ctas) {
 // mostly empty while 64 x 256 does not (measured: Qwen3-30B, 32 experts x 128 rows, 2I = 1536:
 // 192 tiles on 132 SMs ran at 282 TFLOP/s with 128 x 256 vs 387 with 64 x 256; DeepSeek-V3 with
 // 512 vs 1024 tiles preferred 128 x 256, 668 vs 551).
-inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts, int n, int ctas) {
-  if (rows_per_expert_hint > 0 && rows_per_expert_hint <= 64) return kSplitNSmall;
+// small_rows_limit: hints up to this take the 64-row tile outright (64 for BF16 and W4A8, as measured before session
+// 12; FP8 GEMM 1 passes kFp8Gemm1SmallRowsLimit).
+inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts, int n, int ctas,
+                                      int small_rows_limit = 64) {
+  if (rows_per_expert_hint > 0 && rows_per_expert_hint <= small_rows_limit) return kSplitNSmall;
   if (rows_per_expert_hint <= 0) return kSplitNLarge;
   const long n_tiles = n / 256;
   const long large = static_cast<long>(num_experts) * ((rows_per_expert_hint + 127) / 128) * n_tiles;
@@ -66,6 +69,15 @@ inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts,
              ? kSplitNSmall
              : kSplitNLarge;
 }
+
+// FP8 GEMM 1 (split-N): the 64-row tile only up to a MEAN of 32 rows per expert.
+// NOTES: the hint is a mean (T x top_k / experts). With uniform routing at a mean of 64 rows about half the
+// experts hold more than 64, and a 64-row tile then needs two m-tiles (two reads of the expert's weights) where a
+// 128-row tile needs one, while experts at <= 64 rows cost the 128-row tile one skipped 64-row sub-tile
+// (active_sub_tiles). Measured (docs/perf.md session 12, staged dsv3 at 2048 tokens on one rank = a mean of 64):
+// GEMM 2 with 128-row tiles (v11) ran 953 vs 1262 µs on 64-row ones, GEMM 1 two-pass (128-row v11 tiles) 1997 vs
+// 2557 µs fused on 64-row tiles. Up to a mean of 32 (max ~50 rows) the 64-row tile and its spread epilogue stay.
+constexpr int kFp8Gemm1SmallRowsLimit = 32;
 
 // How the two math warpgroups of the FP8-block kernel share the tensor cores (docs/grouped_gemm.md, v5).
 //   kSerial:       v4. Both warpgroups issue their wgmma group as soon as the stage is full, so their
