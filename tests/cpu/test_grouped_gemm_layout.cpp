@@ -303,7 +303,7 @@ TEST(GroupedGemmV11, Selection) {
 // FP8 GEMM 1's split-N tile: the 64-row tile only up to a mean of kFp8Gemm1SmallRowsLimit rows per expert (a mean of
 // 64 leaves about half the experts above 64 rows, where a 64-row tile reads their weights twice); BF16 / W4A8 keep 64.
 TEST(GroupedGemmHeuristics, Fp8Gemm1SmallTileOnlyUpToAMeanOf32Rows) {
-  using namespace kernels::sm90;
+  using namespace megamoe::kernels::sm90;
   EXPECT_EQ(choose_gate_up_tile(8, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 1);
   EXPECT_EQ(choose_gate_up_tile(32, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 1);
   EXPECT_EQ(choose_gate_up_tile(33, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 2);
