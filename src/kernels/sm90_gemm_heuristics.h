@@ -70,14 +70,14 @@ inline TileConfig choose_gate_up_tile(int rows_per_expert_hint, int num_experts,
              : kSplitNLarge;
 }
 
-// FP8 GEMM 1 (split-N): the 64-row tile only up to a MEAN of 32 rows per expert.
-// NOTES: the hint is a mean (T x top_k / experts). With uniform routing at a mean of 64 rows about half the
-// experts hold more than 64, and a 64-row tile then needs two m-tiles (two reads of the expert's weights) where a
-// 128-row tile needs one, while experts at <= 64 rows cost the 128-row tile one skipped 64-row sub-tile
-// (active_sub_tiles). Measured (docs/perf.md session 12, staged dsv3 at 2048 tokens on one rank = a mean of 64):
-// GEMM 2 with 128-row tiles (v11) ran 953 vs 1262 µs on 64-row ones, GEMM 1 two-pass (128-row v11 tiles) 1997 vs
-// 2557 µs fused on 64-row tiles. Up to a mean of 32 (max ~50 rows) the 64-row tile and its spread epilogue stay.
-constexpr int kFp8Gemm1SmallRowsLimit = 32;
+// FP8 GEMM 1 (split-N): the 64-row tile only up to a MEAN of 56 rows per expert.
+// NOTES: the hint is a mean (T x top_k / experts). With uniform routing the rows per expert spread by about
+// sqrt(mean); every expert above 64 rows takes two 64-row m-tiles (two reads of its weights), while the 128-row
+// tile costs ~20% more than the 64-row one when an expert has <= 64 rows (bench gemm at exactly 48 / 64 rows: 321 /
+// 301 vs 267 / 249 µs, dsv3). Measured crossover (docs/perf.md session 12 call 7, staged dsv3 on one rank, GEMM 1
+// phase, 64-row vs 128-row tiles): mean 32 rows 1843 vs 2117 µs, 48: 1930 vs 2148, 56: 2048 vs 2115, 64: 2570 vs
+// 2174. BF16 and W4A8 keep their measured limit of 64.
+constexpr int kFp8Gemm1SmallRowsLimit = 56;
 
 // How the two math warpgroups of the FP8-block kernel share the tensor cores (docs/grouped_gemm.md, v5).
 //   kSerial:       v4. Both warpgroups issue their wgmma group as soon as the stage is full, so their

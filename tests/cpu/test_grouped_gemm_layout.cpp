@@ -300,13 +300,15 @@ TEST(GroupedGemmV11, Selection) {
 }  // namespace
 }  // namespace megamoe
 
-// FP8 GEMM 1's split-N tile: the 64-row tile only up to a mean of kFp8Gemm1SmallRowsLimit rows per expert (a mean of
-// 64 leaves about half the experts above 64 rows, where a 64-row tile reads their weights twice); BF16 / W4A8 keep 64.
-TEST(GroupedGemmHeuristics, Fp8Gemm1SmallTileOnlyUpToAMeanOf32Rows) {
+// FP8 GEMM 1's split-N tile: the 64-row tile only up to a mean of kFp8Gemm1SmallRowsLimit = 56 rows per expert (a
+// mean of 64 leaves about half the experts above 64 rows, where a 64-row tile reads their weights twice); BF16 / W4A8
+// keep 64.
+TEST(GroupedGemmHeuristics, Fp8Gemm1SmallTileOnlyUpToAMeanOf56Rows) {
   using namespace megamoe::kernels::sm90;
   EXPECT_EQ(choose_gate_up_tile(8, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 1);
   EXPECT_EQ(choose_gate_up_tile(32, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 1);
-  EXPECT_EQ(choose_gate_up_tile(33, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 2);
+  EXPECT_EQ(choose_gate_up_tile(56, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 1);
+  EXPECT_EQ(choose_gate_up_tile(57, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 2);
   EXPECT_EQ(choose_gate_up_tile(64, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 2);
   EXPECT_EQ(choose_gate_up_tile(64, 256, 4096, 132).sub_tiles_m, 1);  // the default limit (BF16, W4A8)
   EXPECT_EQ(choose_gate_up_tile(0, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 2);
