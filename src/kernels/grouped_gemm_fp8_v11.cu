@@ -9,9 +9,9 @@
 namespace megamoe::kernels::detail {
 namespace {
 
-template <int kBlockN>
+template <int kBlockN, bool kTmaScales>
 void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params, cudaStream_t stream) {
-  using Layout = sm90::WideFp8Layout<kBlockN>;
+  using Layout = sm90::WideFp8Layout<kBlockN, kTmaScales>;
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "v11 layout overflows 227 KiB of shared memory at kMaxExperts");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
@@ -20,10 +20,16 @@ void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGe
   const CUtensorMap a_map = make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);
   const CUtensorMap b_map =
       make_grouped_gemm_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, kBlockN);
+  // kTmaScales: the A scales [m_capacity, k / 128] fp32 as bytes [m_capacity, k / 32], boxes of 16 bytes
+  // (4 k-blocks) x 128 rows, no swizzle; rows past m_capacity read as zeros. Otherwise an unused copy.
+  CUtensorMap scale_map = a_map;
+  if constexpr (kTmaScales)
+    scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
+                                     Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN>;
+  auto* kernel = &sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN, kTmaScales>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, params);
   MEGAMOE_LAUNCH_CHECK();
 }
 
@@ -43,8 +49,18 @@ void launch_fp8_v11(const uint8_t* a, const float* a_scales, const uint8_t* weig
   params.k = k;
   params.a_tail_trim = true;
   MEGAMOE_CHECK(block_n == 128 || block_n == 192, "v11 block_n = ", block_n, " must be 128 or 192");
-  if (block_n == 128) launch_wide<128>(a, weights, params, stream);
-  else launch_wide<192>(a, weights, params, stream);
+  // MEGAMOE_FP8_V11_TMA_SCALES=1 (experiment, default off; docs/grouped_gemm.md "v11 TMA scales"): A scales
+  // by TMA in 4-k-block boxes. Needs the scale rows 16-byte strided (K % 512 == 0) and a 16-byte aligned
+  // base; otherwise the cp.async scale warp, as with the switch off. Same outputs bit for bit.
+  const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", false) && k % 512 == 0 &&
+                          reinterpret_cast<uintptr_t>(a_scales) % 16 == 0;
+  if (block_n == 128) {
+    if (tma_scales) launch_wide<128, true>(a, weights, params, stream);
+    else launch_wide<128, false>(a, weights, params, stream);
+  } else {
+    if (tma_scales) launch_wide<192, true>(a, weights, params, stream);
+    else launch_wide<192, false>(a, weights, params, stream);
+  }
 }
 
 }  // namespace megamoe::kernels::detail

@@ -30,6 +30,9 @@
 //   min(kBlockN, n - n0) columns per row).
 // - A math warpgroup whose 64 rows hold no row of the expert waits on and releases every stage unread and
 //   stores nothing (its A chunk was not loaded: trimmed).
+// - kTmaScales (MEGAMOE_FP8_V11_TMA_SCALES=1, K % 512 == 0): the producer thread also loads the A scales by
+//   TMA, 4 k-blocks x 128 rows per box, and the scale warp stages only the B scales (NOTES above
+//   wide_produce_tile_tma_scales).
 #pragma once
 
 #include <cuda.h>
@@ -46,15 +49,18 @@ namespace megamoe::kernels::sm90 {
 // the scale ring ([kStages][kBlockM + 2]), barriers, the expert tile table.
 //   128 x 128, 6 stages:  196,608 tiles + 17,408 staging (8 rows) + 3,120 scales -> 230,556 B at 1024 experts
 //   128 x 192, 4 stages:  163,840 tiles + 51,200 staging (16 rows) + 2,080 scales -> 230,508 B
+// kTmaScales: 128 x 128: 4,096 A-scale ring (2 groups) + 48 B scales -> 231,580 B; 128 x 192: 2,048 (1
+// group) + 32 -> 230,508 B.
 // (with 96 / 64 B of barriers, the 12,300 B tile table at kMaxExperts and 1,024 B alignment slack; the
 // limit is 232,448 B).
-template <int kBlockNValue>
+template <int kBlockNValue, bool kTmaScalesValue = false>
 struct WideFp8Layout {
   static_assert(kBlockNValue == 128 || kBlockNValue == 192, "v11 tiles: 128 x 128 or 128 x 192");
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockNValue;
   static constexpr int kStageCount = kBlockN == 128 ? 6 : 4;
   static constexpr bool kScalesInShared = true;
+  static constexpr bool kTmaScales = kTmaScalesValue;
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kTilesBytes = kStageCount * (kABytes + kBBytes);
@@ -65,8 +71,19 @@ struct WideFp8Layout {
   static constexpr int kStagingRowsPerWarp = kBlockN == 128 ? 8 : 16;  // 8: one row half per chunk
   static constexpr int kStagingOffset = kTilesBytes;
   static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingRowsPerWarp * kStagingPitch;
-  static constexpr int kScaleFloats = kBlockM + 2;
-  static constexpr int kScalesOffset = kStagingOffset + kStagingBytes;
+  // kTmaScales (MEGAMOE_FP8_V11_TMA_SCALES=1, K % 512 == 0): a ring of kAScaleGroups A-scale tiles of 4
+  // k-blocks ([kBlockM rows][4] fp32, 2 KiB, one TMA box each; see wide_produce_tile_tma_scales), then the
+  // per-stage B scales only ([kStages][2]). Otherwise no ring and the per-stage [kBlockM + 2] slot.
+  static constexpr int kScaleGroupKBlocks = 4;
+  static constexpr int kAScaleGroupBytes = kBlockM * kScaleGroupKBlocks * 4;
+  static constexpr int kAScaleGroups = (kStageCount + kScaleGroupKBlocks - 1) / kScaleGroupKBlocks;
+  static_assert(kScaleGroupKBlocks * kAScaleGroups >= kStageCount, "ring reuse bound (NOTES of the producer)");
+  static constexpr int kAScaleRingOffset = kStagingOffset + kStagingBytes;
+  static_assert(kAScaleRingOffset % 128 == 0, "TMA destinations 128-byte aligned");
+  static constexpr int kAScaleRingBytes = kTmaScales ? kAScaleGroups * kAScaleGroupBytes : 0;
+  static constexpr int kScaleFloats = kTmaScales ? 2 : kBlockM + 2;
+  static constexpr int kBScaleIndex = kTmaScales ? 0 : kBlockM;  // [kBScaleIndex + {0, 1}] of a stage's slot
+  static constexpr int kScalesOffset = kAScaleRingOffset + kAScaleRingBytes;
   static constexpr int kScalesBytes = (kStageCount * kScaleFloats * 4 + 15) / 16 * 16;
   static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStageCount * 8;
@@ -101,7 +118,7 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop(float (&accumulator)[Layo
     barrier_wait(&smem.full[stage], phase);
     const float* slot = smem.scales + stage * Layout::kScaleFloats;
     const float scale_a0 = slot[scale_row], scale_a1 = slot[scale_row + 8];
-    const float scale_b0 = slot[Layout::kBlockM], scale_b1 = slot[Layout::kBlockM + 1];
+    const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
     const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
     const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4);
 #pragma unroll
@@ -127,6 +144,141 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop(float (&accumulator)[Layo
       accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
       accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
       accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
+    }
+  }
+}
+
+// ---- kTmaScales (MEGAMOE_FP8_V11_TMA_SCALES=1, K % 512 == 0; docs/grouped_gemm.md "v11 TMA scales") ----
+// A scales by TMA instead of 128 cp.async per stage: the scales [m_capacity, k_blocks] fp32 as a 2-D byte
+// map [m_capacity rows, 4 k_blocks bytes] with a box of 16 bytes x 128 rows (no swizzle; the row stride
+// 4 k_blocks must be a multiple of 16, hence K % 512 == 0), one box per 4 k-blocks: tile rows m0 ..
+// m0 + 127, k-blocks kb .. kb + 3, into A-scale group slot `scale_slot` ([128 rows][4], 2 KiB).
+// NOTES (the scheme):
+// - The box of k-blocks 4g .. 4g + 3 of a tile is issued with k-block 4g and counted (2,048 bytes, also
+//   when TMA zero-fills rows past m_capacity) on that stage's `full` barrier: no barriers of its own.
+//   k_blocks % 4 == 0, so groups never straddle tiles and the CTA's running k-block count is 4 x its
+//   running group count on both sides (group slot = running group count mod kAScaleGroups).
+// - The math threads read all 4 k-blocks' scales of their 2 rows (2 x ld.shared.v4) right after the
+//   `full` wait of k-block 4g and keep them in registers for 4g .. 4g + 3, so a group slot is dead once
+//   every math warp released the stage of k-block 4g. The producer rewrites slot g mod R with k-block
+//   4 (g + R), after its `empty` wait for that stage, which guarantees that k-block 4 (g + R) - kStages
+//   was released; 4 R >= kStages (R = kAScaleGroups = ceil(kStages / 4): 2 at 6 stages, 1 at 4) makes
+//   that k-block >= 4g. Warpgroups without rows release without reading, which is as good.
+// - Rows past the expert's end get the next expert's (or padding's) real scales instead of 0: their
+//   accumulator rows are garbage either way (the cp.async path already multiplied unloaded / foreign A
+//   rows by 0, which is not a guarantee of finiteness either: 0 x NaN), never stored (the epilogue copies
+//   rows < m_end only) and rows do not mix (promotion, epilogue are per row). Valid rows read the same
+//   floats as the cp.async path and the FFMA sequence is unchanged: bit-identical outputs.
+// - B scales stay on the scale warp (2 per stage, [kBScaleIndex + {0, 1}]; `full` keeps 1 + 32 arrivals).
+
+// Component `lane` of v (lane a constant after unrolling: folds to a register, no local memory).
+__device__ __forceinline__ float float4_lane(const float4& v, int lane) {
+  return lane == 0 ? v.x : lane == 1 ? v.y : lane == 2 ? v.z : v.w;
+}
+
+// Producer thread, kTmaScales: produce_fp8_tile_trimmed + the A-scale group box every 4th k-block.
+template <class Layout>
+__device__ __forceinline__ void wide_produce_tile_tma_scales(const Fp8GemmShared<Layout>& smem,
+                                                             const CUtensorMap* a_map, const CUtensorMap* b_map,
+                                                             const CUtensorMap* scale_map, int m0, int m_end,
+                                                             int b_row, int k_blocks,
+                                                             PipelineCursor<Layout::kStageCount>& cursor,
+                                                             int& scale_slot) {
+  static_assert(Layout::kBlockM % kATrimRows == 0, "whole 64-row chunks");
+  constexpr int kChunkBytes = kATrimRows * kBlockK;
+  uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
+  const int chunks = min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const bool group = kb % Layout::kScaleGroupKBlocks == 0;
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
+                                                              (group ? Layout::kAScaleGroupBytes : 0));
+    uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
+    for (int c = 0; c < chunks; ++c)
+      tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
+    tma_load_2d(smem.b_tiles + cursor.stage * Layout::kBBytes, b_map, kb * kBlockK, b_row, &smem.full[cursor.stage]);
+    if (group) {
+      tma_load_2d(ring + scale_slot * Layout::kAScaleGroupBytes, scale_map, kb * 4, m0, &smem.full[cursor.stage]);
+      scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
+    }
+    cursor.advance();
+  }
+}
+
+// Scale warp, kTmaScales: only the two B block scales per stage (cp.async, one .noinc arrival per lane:
+// `full`'s arrival count is that of the cp.async path).
+template <class Layout>
+__device__ __forceinline__ void wide_produce_b_scales(const Fp8GemmShared<Layout>& smem, const float* b_scales0,
+                                                      const float* b_scales1, int k_blocks,
+                                                      PipelineCursor<Layout::kStageCount>& cursor) {
+  const int lane = threadIdx.x % 32;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    float* slot = smem.scales + cursor.stage * Layout::kScaleFloats + Layout::kBScaleIndex;
+    if (lane < 2) cp_async_4(slot + lane, (lane == 0 ? b_scales0 : b_scales1) + kb, 4u);
+    cp_async_arrive_noinc(&smem.full[cursor.stage]);
+    cursor.advance();
+  }
+}
+
+// wide_fp8_tile_mainloop with kTmaScales: k-blocks in groups of 4 (k_blocks % 4 == 0), the group's A
+// scales of this thread's two rows loaded at its first k-block (NOTES above); per k-block the same
+// instructions and FFMA order. scale_slot: the A-scale group ring cursor (warp-uniform, across tiles).
+template <class Layout, int kFormerGroups>
+__device__ __forceinline__ void wide_fp8_tile_mainloop_tma_scales(float (&accumulator)[Layout::kBlockN / 2],
+                                                                  float (&partial)[Layout::kBlockN / 2],
+                                                                  const Fp8GemmShared<Layout>& smem, int k_blocks,
+                                                                  uint32_t a_descriptor0, uint32_t b_descriptor0,
+                                                                  int scale_row, int& stage, uint32_t& phase,
+                                                                  int& scale_slot) {
+  constexpr int kRegisters = Layout::kBlockN / 2;
+  constexpr int kStages = Layout::kStageCount;
+  constexpr int kGroupKBlocks = Layout::kScaleGroupKBlocks;
+  const int lane = threadIdx.x % 32;
+  // [slot][row] float4 = the row's 4 k-blocks (16-byte aligned: ring 128-byte aligned, rows 16 bytes).
+  const float4* const ring_row = reinterpret_cast<const float4*>(smem.a_tiles + Layout::kAScaleRingOffset) + scale_row;
+#pragma unroll
+  for (int i = 0; i < kRegisters; ++i) accumulator[i] = 0.0f;
+#pragma unroll 1
+  for (int group = 0; group < k_blocks / kGroupKBlocks; ++group) {
+    float4 scales_a0, scales_a1;
+#pragma unroll
+    for (int j = 0; j < kGroupKBlocks; ++j) {
+      barrier_wait(&smem.full[stage], phase);
+      if (j == 0) {
+        scales_a0 = ring_row[scale_slot * Layout::kBlockM];
+        scales_a1 = ring_row[scale_slot * Layout::kBlockM + 8];
+        scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
+      }
+      const float* slot = smem.scales + stage * Layout::kScaleFloats + Layout::kBScaleIndex;
+      const float scale_a0 = float4_lane(scales_a0, j), scale_a1 = float4_lane(scales_a1, j);
+      const float scale_b0 = slot[0], scale_b1 = slot[1];
+      const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
+      const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4);
+#pragma unroll
+      for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+        wgmma_e4m3_wide<Layout::kBlockN>(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                                         sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
+      if (lane == 0) barrier_arrive(&smem.empty[stage]);
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+      phase ^= stage == 0 ? 1u : 0u;
+      const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
+      const float scale10 = scale_a1 * scale_b0, scale11 = scale_a1 * scale_b1;
+#pragma unroll
+      for (int jj = 0; jj < kRegisters / 4; ++jj) {
+        const float scale0 = jj < kFormerGroups ? scale00 : scale01, scale1 = jj < kFormerGroups ? scale10 : scale11;
+        accumulator[4 * jj + 0] += partial[4 * jj + 0] * scale0;
+        accumulator[4 * jj + 1] += partial[4 * jj + 1] * scale0;
+        accumulator[4 * jj + 2] += partial[4 * jj + 2] * scale1;
+        accumulator[4 * jj + 3] += partial[4 * jj + 3] * scale1;
+      }
     }
   }
 }
@@ -182,11 +334,13 @@ __device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[La
   __syncwarp();
 }
 
-template <int kBlockN>
+// kTmaScales: A scales by TMA through scale_map (unused otherwise; NOTES above wide_produce_tile_tma_scales).
+template <int kBlockN, bool kTmaScales>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
-                                      const __grid_constant__ CUtensorMap b_map, const GroupedGemmParams params) {
-  using Layout = WideFp8Layout<kBlockN>;
+                                      const __grid_constant__ CUtensorMap b_map,
+                                      const __grid_constant__ CUtensorMap scale_map, const GroupedGemmParams params) {
+  using Layout = WideFp8Layout<kBlockN, kTmaScales>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kStages = Layout::kStageCount;
 
@@ -200,6 +354,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     smem.init_barriers();
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&b_map);
+    if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
   }
   if (warp == 1) build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
   __syncthreads();
@@ -222,9 +377,13 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         const int block0 = where.n_tile * kBlockN / 128;
         const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
         const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
-        produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
-                           expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end, k_blocks,
-                           cursor);
+        if constexpr (kTmaScales)
+          wide_produce_b_scales(smem, expert_scales + static_cast<int64_t>(block0) * k_blocks,
+                                expert_scales + static_cast<int64_t>(block1) * k_blocks, k_blocks, cursor);
+        else
+          produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
+                             expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end, k_blocks,
+                             cursor);
       }
       cp_async_wait_all();
       return;
@@ -232,10 +391,15 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     if (threadIdx.x != 0) return;
     PipelineCursor<kStages> cursor;
     int expert = 0;
+    int scale_slot = 0;
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
       const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-      produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end,
-                               expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
+      if constexpr (kTmaScales)
+        wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end,
+                                     expert * params.n + where.n_tile * kBlockN, k_blocks, cursor, scale_slot);
+      else
+        produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end,
+                                 expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
     }
     return;
   }
@@ -255,6 +419,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   int stage = 0;
   uint32_t phase = 0;
+  int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
   int expert = 0;
   float accumulator[kBlockN / 2];
   float partial[kBlockN / 2];
@@ -272,12 +437,21 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         stage = stage + 1 == kStages ? 0 : stage + 1;
         phase ^= stage == 0 ? 1u : 0u;
       }
+      // kTmaScales: the tile's k_blocks / 4 groups pass unread (the producer's slot advances as many).
+      if constexpr (kTmaScales) scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
       continue;
     }
     static_assert(wide_former_groups(128, 0) == 16 && wide_former_groups(192, 0) == 16 &&
                       wide_former_groups(192, 192) == 8 && wide_former_groups(192, 384) == 16,
                   "192 t starts 0 or 64 columns into a block: 16 or 8 groups of 8 columns in the first");
-    if constexpr (kBlockN == 128) {
+    if constexpr (kTmaScales) {
+      if (kBlockN == 128 || wide_former_groups(kBlockN, n0) == 16)
+        wide_fp8_tile_mainloop_tma_scales<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0,
+                                                      b_descriptor0, scale_row, stage, phase, scale_slot);
+      else
+        wide_fp8_tile_mainloop_tma_scales<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0,
+                                                     b_descriptor0, scale_row, stage, phase, scale_slot);
+    } else if constexpr (kBlockN == 128) {
       wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                          scale_row, stage, phase);
     } else {  // n0 = 192 t: the first scale block covers 128 (t even) or 64 (t odd) of the tile's columns

@@ -188,6 +188,32 @@ struct PlainDeviceProblem {
   }
 };
 
+// Sets an environment variable for its lifetime, then restores the previous value (or unsets it).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    EXPECT_EQ(setenv(name, value, 1), 0);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// The v11 A-scale switch (MEGAMOE_FP8_V11_TMA_SCALES): every v11 run below runs with it off and on
+// (TMA scales when k % 512 == 0, else the launcher falls back to the cp.async scales) and must give the
+// same bits either way.
+constexpr const char* kV11TmaScalesEnv = "MEGAMOE_FP8_V11_TMA_SCALES";
+
 // schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
 // bit-identical results: the schedules only reorder wgmma issue between the two math warpgroups, never
 // the operations of one output element.
@@ -216,13 +242,17 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
   if (schedule == Fp8GemmSchedule::kPingPong)
     EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial, 0) == result) << "pingpong and serial outputs differ";
   if (v11_block_n != 0) {
-    const auto wide = run_once(schedule, v11_block_n);
-    int64_t differ = 0;
-    for (size_t i = 0; i < wide.size(); ++i)
-      if (wide[i] != result[i] && differ++ < 5)
-        ADD_FAILURE() << "v11 (" << v11_block_n << ") out[" << i / n << ", " << i % n << "] = 0x" << std::hex
-                      << wide[i] << " vs 0x" << result[i] << std::dec;
-    EXPECT_EQ(differ, 0) << "v11 outputs must be bit-identical to the v8-v10 kernel's";
+    for (const char* tma_scales : {"0", "1"}) {
+      const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
+      const auto wide = run_once(schedule, v11_block_n);
+      int64_t differ = 0;
+      for (size_t i = 0; i < wide.size(); ++i)
+        if (wide[i] != result[i] && differ++ < 5)
+          ADD_FAILURE() << "v11 (" << v11_block_n << ", TMA scales " << tma_scales << ") out[" << i / n << ", "
+                        << i % n << "] = 0x" << std::hex << wide[i] << " vs 0x" << result[i] << std::dec;
+      EXPECT_EQ(differ, 0) << "v11 outputs (TMA scales " << tma_scales
+                           << ") must be bit-identical to the v8-v10 kernel's";
+    }
   }
 
   const ReferenceGrid grid = reference_grid(p, n);
@@ -378,6 +408,7 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
     int hint;
     Fp8GemmSchedule schedule;
     int v11_block_n;
+    const char* tma_scales = "0";  // v11 runs: MEGAMOE_FP8_V11_TMA_SCALES
   };
   std::vector<Run> runs;
   if (v11_block_ns.empty()) {
@@ -385,7 +416,8 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
       for (const Fp8GemmSchedule schedule : {Fp8GemmSchedule::kSerial, Fp8GemmSchedule::kPingPong, Fp8GemmSchedule::kOverlap})
         runs.push_back({hint, schedule, 0});
   } else {
-    for (const int block_n : v11_block_ns) runs.push_back({0, Fp8GemmSchedule::kAuto, block_n});
+    for (const int block_n : v11_block_ns)
+      for (const char* tma_scales : {"0", "1"}) runs.push_back({0, Fp8GemmSchedule::kAuto, block_n, tma_scales});
   }
   for (const Run& run : runs) {
       const int hint = run.hint;
@@ -393,7 +425,8 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
       SCOPED_TRACE(what + " seed " + std::to_string(seed) + " experts " + std::to_string(p.experts) + " rows " +
                    std::to_string(p.offsets.back() - p.offsets.front()) + " n " + std::to_string(n) + " k " +
                    std::to_string(k) + " hint " + std::to_string(hint) + " schedule " + schedule_name(schedule) +
-                   " v11 " + std::to_string(run.v11_block_n));
+                   " v11 " + std::to_string(run.v11_block_n) + " TMA scales " + run.tma_scales);
+      const ScopedEnv env(kV11TmaScalesEnv, run.tma_scales);
       poison_device_buffer(out.data, out.bytes);
       args.rows_per_expert_hint = hint;
       args.schedule = schedule;
@@ -455,7 +488,9 @@ TEST(GroupedGemmFp8, V11ManyTilesPerCta) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> rows(0, 600);
   for (int i = 0; i < 6; ++i) counts.push_back(rows(rng));
-  run_plain_exact_many_tiles(counts, 2176, 384, seed, "v11 many tiles", {128, 192});
+  run_plain_exact_many_tiles(counts, 2176, 384, seed, "v11 many tiles", {128, 192});  // TMA scales: fallback
+  // k = 1024 (% 512 == 0): the TMA-scale runs take the TMA path, 2 groups of 4 k-blocks per tile.
+  run_plain_exact_many_tiles(counts, 2176, 1024, seed + 1, "v11 many tiles, k 1024", {128, 192});
 }
 
 // Selection errors: block widths other than 128 / 192.
