@@ -646,6 +646,29 @@ void expect_gemm1_matches_device_arithmetic(const Problem& p, const ReferenceGri
               static_cast<long long>(compared), static_cast<long long>(code_diffs), static_cast<long long>(compared));
 }
 
+// GEMM-1 arguments over a Problem's device buffers (owned by the caller); topk = nullptr: no top-k weight.
+kernels::GroupedGemm1Fp8Args gemm1_args(const Problem& p, int hidden, int intermediate, DeviceBuffer& a,
+                                        DeviceBuffer& a_scales, DeviceBuffer& w, DeviceBuffer& w_scales,
+                                        DeviceBuffer& offsets, DeviceBuffer* topk, DeviceBuffer& out,
+                                        DeviceBuffer& out_scales, Activation act, int rows_hint) {
+  kernels::GroupedGemm1Fp8Args args;
+  args.a = a.as<uint8_t>();
+  args.a_scales = a_scales.as<float>();
+  args.weights = w.as<uint8_t>();
+  args.weight_scales = w_scales.as<float>();
+  args.expert_offsets = offsets.as<int32_t>();
+  args.topk_weights = topk != nullptr ? topk->as<float>() : nullptr;
+  args.out = out.as<uint8_t>();
+  args.out_scales = out_scales.as<float>();
+  args.m_capacity = p.capacity;
+  args.num_experts = p.experts;
+  args.hidden = hidden;
+  args.intermediate = intermediate;
+  args.activation = act;
+  args.rows_per_expert_hint = rows_hint;
+  return args;
+}
+
 void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed, const Activation& act,
                bool use_topk, bool exact_inputs = false, int rows_hint = 0,
                Fp8GemmSchedule schedule = Fp8GemmSchedule::kAuto, bool fp64_bounds = true) {
@@ -681,21 +704,8 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
   DeviceBuffer out(p.capacity * intermediate), out_scales(p.capacity * (intermediate / 128) * sizeof(float));
   poison_device_buffer(out.data, out.bytes);
   poison_device_buffer(out_scales.data, out_scales.bytes);
-  kernels::GroupedGemm1Fp8Args args;
-  args.a = a.as<uint8_t>();
-  args.a_scales = a_scales.as<float>();
-  args.weights = w.as<uint8_t>();
-  args.weight_scales = w_scales.as<float>();
-  args.expert_offsets = offsets.as<int32_t>();
-  args.topk_weights = use_topk ? topk_d.as<float>() : nullptr;
-  args.out = out.as<uint8_t>();
-  args.out_scales = out_scales.as<float>();
-  args.m_capacity = p.capacity;
-  args.num_experts = p.experts;
-  args.hidden = hidden;
-  args.intermediate = intermediate;
-  args.activation = act;
-  args.rows_per_expert_hint = rows_hint;
+  kernels::GroupedGemm1Fp8Args args = gemm1_args(p, hidden, intermediate, a, a_scales, w, w_scales, offsets,
+                                                 use_topk ? &topk_d : nullptr, out, out_scales, act, rows_hint);
   const auto run_once = [&](Fp8GemmSchedule which) {
     poison_device_buffer(out.data, out.bytes);
     poison_device_buffer(out_scales.data, out_scales.bytes);
@@ -996,21 +1006,8 @@ Gemm1Outputs run_gemm1_variant(const Problem& p, int hidden, int intermediate, c
   poison_device_buffer(out.data, out.bytes);
   poison_device_buffer(out_scales.data, out_scales.bytes);
   poison_device_buffer(gate_up.data, gate_up.bytes);
-  kernels::GroupedGemm1Fp8Args args;
-  args.a = a.as<uint8_t>();
-  args.a_scales = a_scales.as<float>();
-  args.weights = w.as<uint8_t>();
-  args.weight_scales = w_scales.as<float>();
-  args.expert_offsets = offsets.as<int32_t>();
-  args.topk_weights = topk ? topk_d.as<float>() : nullptr;
-  args.out = out.as<uint8_t>();
-  args.out_scales = out_scales.as<float>();
-  args.m_capacity = p.capacity;
-  args.num_experts = p.experts;
-  args.hidden = hidden;
-  args.intermediate = intermediate;
-  args.activation = act;
-  args.rows_per_expert_hint = rows_hint;
+  kernels::GroupedGemm1Fp8Args args = gemm1_args(p, hidden, intermediate, a, a_scales, w, w_scales, offsets,
+                                                 topk ? &topk_d : nullptr, out, out_scales, act, rows_hint);
   args.packing = packing;
   if (two_pass)
     kernels::grouped_gemm1_fp8_two_pass(args, gate_up.as<uint16_t>(), nullptr);
