@@ -49,10 +49,12 @@ void launch_fp8_v11(const uint8_t* a, const float* a_scales, const uint8_t* weig
   params.k = k;
   params.a_tail_trim = true;
   MEGAMOE_CHECK(block_n == 128 || block_n == 192, "v11 block_n = ", block_n, " must be 128 or 192");
-  // MEGAMOE_FP8_V11_TMA_SCALES=1 (experiment, default off; docs/grouped_gemm.md "v11 TMA scales"): A scales
-  // by TMA in 4-k-block boxes. Needs the scale rows 16-byte strided (K % 512 == 0) and a 16-byte aligned
-  // base; otherwise the cp.async scale warp, as with the switch off. Same outputs bit for bit.
-  const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", false) && k % 512 == 0 &&
+  // A scales by TMA in 4-k-block boxes (docs/grouped_gemm.md "v11 TMA scales"; default since session 12:
+  // bit-identical, 1.07-1.17x at K 2048 / 7168, docs/perf.md call 8; MEGAMOE_FP8_V11_TMA_SCALES=0 turns it off).
+  // Needs the scale rows 16-byte strided (K % 512 == 0), a 16-byte aligned base and at least one 128-row box of
+  // rows (m_capacity >= 128: a box taller than the tensor was never tried on the device); otherwise the cp.async
+  // scale warp. Same outputs bit for bit either way.
+  const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", true) && k % 512 == 0 && m_capacity >= 128 &&
                           reinterpret_cast<uintptr_t>(a_scales) % 16 == 0;
   if (block_n == 128) {
     if (tma_scales) launch_wide<128, true>(a, weights, params, stream);
