@@ -933,6 +933,12 @@ TEST(GroupedGemmFp8, Gemm1V11ManyTilesPerCta) {
   for (auto& c : fewer) c = static_cast<int>(rng() % 140);
   fewer[0] = 128, fewer[1] = 0, fewer[2] = 129;
   run_gemm1(fewer, 2048, 512, 67, clamped, true);
+  // kMaxExperts (the largest tile table: v11 GEMM 1's largest shared-memory carve-up), experts of 0-5 rows and a few
+  // up to 300: nearly every tile mixes experts; TMA scales at hidden 512.
+  std::uniform_int_distribution<int> tiny(0, 5), large(0, 300);
+  std::vector<int> most(1024);
+  for (int e = 0; e < 1024; ++e) most[e] = e % 97 == 3 ? large(rng) : tiny(rng);
+  run_gemm1(most, 512, 128, 68, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
 }
 
 // Tail-trimmed A loads (produce_fp8_tile_trimmed, the default) and whole-box loads
