@@ -97,54 +97,67 @@ __device__ __forceinline__ void wgmma_e4m3_wide(float (&d)[kN / 2], uint64_t a_d
   else wgmma_m64n192k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
 }
 
+// One k-block of one math warpgroup, after its `full` wait (both K loops below): the 4 wgmma of the stage into
+// `partial`, wait, release the stage, advance the cursor, promote with this thread's two rows' A scales and the
+// tile's two B block scales (8-column groups j < kFormerGroups take B scale 0). Per element the arithmetic of
+// fp8_kblock_groups: scale00 = scale_a * scale_b, acc += partial * scale00.
+template <class Layout, int kFormerGroups>
+__device__ __forceinline__ void wide_fp8_kblock(float (&accumulator)[Layout::kBlockN / 2],
+                                                float (&partial)[Layout::kBlockN / 2],
+                                                const Fp8GemmShared<Layout>& smem, uint32_t a_descriptor0,
+                                                uint32_t b_descriptor0, float scale_a0, float scale_a1,
+                                                float scale_b0, float scale_b1, int& stage, uint32_t& phase) {
+  constexpr int kRegisters = Layout::kBlockN / 2;
+  constexpr int kStages = Layout::kStageCount;
+  const int lane = threadIdx.x % 32;
+  const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
+  const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4);
+#pragma unroll
+  for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+    wgmma_e4m3_wide<Layout::kBlockN>(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                                     sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
+  if (lane == 0) barrier_arrive(&smem.empty[stage]);
+  stage = stage + 1 == kStages ? 0 : stage + 1;
+  phase ^= stage == 0 ? 1u : 0u;
+  const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
+  const float scale10 = scale_a1 * scale_b0, scale11 = scale_a1 * scale_b1;
+#pragma unroll
+  for (int j = 0; j < kRegisters / 4; ++j) {
+    const float scale0 = j < kFormerGroups ? scale00 : scale01, scale1 = j < kFormerGroups ? scale10 : scale11;
+    accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
+    accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
+    accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
+    accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
+  }
+}
+
 // The K loop of one tile for one math warpgroup (zeroes `accumulator`). stage / phase: the ring cursor
 // (warp-uniform, carried across tiles). a_descriptor0 / b_descriptor0: descriptor start-address words of
 // this warpgroup's A rows and the B tile in stage 0 (uniform). scale_row: this thread's first fragment row
-// inside the tile (its second is + 8). kFormerGroups: 8-column groups j < kFormerGroups use B scale 0.
-// Per element the arithmetic of fp8_kblock_groups: scale00 = scale_a * scale_b, acc += partial * scale00.
+// inside the tile (its second is + 8). kFormerGroups: as wide_fp8_kblock.
 template <class Layout, int kFormerGroups>
 __device__ __forceinline__ void wide_fp8_tile_mainloop(float (&accumulator)[Layout::kBlockN / 2],
                                                        float (&partial)[Layout::kBlockN / 2],
                                                        const Fp8GemmShared<Layout>& smem, int k_blocks,
                                                        uint32_t a_descriptor0, uint32_t b_descriptor0, int scale_row,
                                                        int& stage, uint32_t& phase) {
-  constexpr int kRegisters = Layout::kBlockN / 2;
-  constexpr int kStages = Layout::kStageCount;
-  const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int i = 0; i < kRegisters; ++i) accumulator[i] = 0.0f;
+  for (int i = 0; i < Layout::kBlockN / 2; ++i) accumulator[i] = 0.0f;
 #pragma unroll 1
   for (int kb = 0; kb < k_blocks; ++kb) {
     barrier_wait(&smem.full[stage], phase);
     const float* slot = smem.scales + stage * Layout::kScaleFloats;
     const float scale_a0 = slot[scale_row], scale_a1 = slot[scale_row + 8];
     const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
-    const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
-    const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4);
-#pragma unroll
-    for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-      wgmma_e4m3_wide<Layout::kBlockN>(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                                       sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
-    if (lane == 0) barrier_arrive(&smem.empty[stage]);
-    stage = stage + 1 == kStages ? 0 : stage + 1;
-    phase ^= stage == 0 ? 1u : 0u;
-    const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
-    const float scale10 = scale_a1 * scale_b0, scale11 = scale_a1 * scale_b1;
-#pragma unroll
-    for (int j = 0; j < kRegisters / 4; ++j) {
-      const float scale0 = j < kFormerGroups ? scale00 : scale01, scale1 = j < kFormerGroups ? scale10 : scale11;
-      accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
-      accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
-      accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
-      accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
-    }
+    wide_fp8_kblock<Layout, kFormerGroups>(accumulator, partial, smem, a_descriptor0, b_descriptor0, scale_a0, scale_a1,
+                                          scale_b0, scale_b1, stage, phase);
   }
 }
 
@@ -232,9 +245,7 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop_tma_scales(float (&accumu
                                                                   int scale_row, int& stage, uint32_t& phase,
                                                                   int& scale_slot) {
   constexpr int kRegisters = Layout::kBlockN / 2;
-  constexpr int kStages = Layout::kStageCount;
   constexpr int kGroupKBlocks = Layout::kScaleGroupKBlocks;
-  const int lane = threadIdx.x % 32;
   // [slot][row] float4 = the row's 4 k-blocks (16-byte aligned: ring 128-byte aligned, rows 16 bytes).
   const float4* const ring_row = reinterpret_cast<const float4*>(smem.a_tiles + Layout::kAScaleRingOffset) + scale_row;
 #pragma unroll
@@ -253,32 +264,8 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop_tma_scales(float (&accumu
       const float* slot = smem.scales + stage * Layout::kScaleFloats + Layout::kBScaleIndex;
       const float scale_a0 = float4_lane(scales_a0, j), scale_a1 = float4_lane(scales_a1, j);
       const float scale_b0 = slot[0], scale_b1 = slot[1];
-      const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
-      const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4);
-#pragma unroll
-      for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
-      wgmma_fence();
-#pragma unroll
-      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_e4m3_wide<Layout::kBlockN>(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                                         sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
-      wgmma_commit();
-      wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
-      if (lane == 0) barrier_arrive(&smem.empty[stage]);
-      stage = stage + 1 == kStages ? 0 : stage + 1;
-      phase ^= stage == 0 ? 1u : 0u;
-      const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
-      const float scale10 = scale_a1 * scale_b0, scale11 = scale_a1 * scale_b1;
-#pragma unroll
-      for (int jj = 0; jj < kRegisters / 4; ++jj) {
-        const float scale0 = jj < kFormerGroups ? scale00 : scale01, scale1 = jj < kFormerGroups ? scale10 : scale11;
-        accumulator[4 * jj + 0] += partial[4 * jj + 0] * scale0;
-        accumulator[4 * jj + 1] += partial[4 * jj + 1] * scale0;
-        accumulator[4 * jj + 2] += partial[4 * jj + 2] * scale1;
-        accumulator[4 * jj + 3] += partial[4 * jj + 3] * scale1;
-      }
+      wide_fp8_kblock<Layout, kFormerGroups>(accumulator, partial, smem, a_descriptor0, b_descriptor0, scale_a0, scale_a1,
+                                            scale_b0, scale_b1, stage, phase);
     }
   }
 }
