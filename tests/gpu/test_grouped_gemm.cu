@@ -932,7 +932,10 @@ TEST(GroupedGemmFp8, Gemm1V11ManyTilesPerCta) {
   std::vector<int> fewer(64);
   for (auto& c : fewer) c = static_cast<int>(rng() % 140);
   fewer[0] = 128, fewer[1] = 0, fewer[2] = 129;
-  run_gemm1(fewer, 2048, 512, 67, clamped, true);
+  // Exact inputs (fp64 bounds off, as Gemm1V9ManyTilesPerCta): with random inputs the clamp test scales A by 6, and at
+  // K 2048 the FP32 accumulation error near the clamp costs ~1.7% code flips (rel-L2 0.0198 vs fp64, session 13 call 1,
+  // every element inside its bound) for v9 as much as v11; this case is about v11 == v9 on TMA-scale shapes.
+  run_gemm1(fewer, 2048, 512, 67, clamped, true, true, 0, Fp8GemmSchedule::kAuto, false);
   // kMaxExperts (the largest tile table: v11 GEMM 1's largest shared-memory carve-up), experts of 0-5 rows and a few
   // up to 300: nearly every tile mixes experts; TMA scales at hidden 512.
   std::uniform_int_distribution<int> tiny(0, 5), large(0, 300);
