@@ -227,6 +227,10 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   MEGAMOE_CHECK(options.gemm1_v9 == "off" || options.gemm1_v9 == "on" || options.gemm1_v9 == "both",
                 "--gemm1-v9 = '", options.gemm1_v9, "' must be off, on or both");
   MEGAMOE_CHECK(!options.v9_skews.empty(), "--v9-skews needs at least one value");
+  MEGAMOE_CHECK(options.gemm1_v11 == "off" || options.gemm1_v11 == "on" || options.gemm1_v11 == "both",
+                "--gemm1-v11 = '", options.gemm1_v11, "' must be off, on or both");
+  MEGAMOE_CHECK(options.gemm1_v11 != "on" || options.gemm1_v9 == "on",
+                "--gemm1-v11 on needs --gemm1-v9 on (v11 GEMM 1 runs on the interleaved weights); or use both");
   MEGAMOE_CHECK(options.gemm1_two_pass == "off" || options.gemm1_two_pass == "both", "--gemm1-two-pass = '",
                 options.gemm1_two_pass, "' must be off or both");
   const bool two_pass = options.gemm1_two_pass == "both" && options.format == "fp8";
@@ -407,6 +411,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.schedule = schedule;
           args.packing = gemm1_packing;
           args.v9_skew_kblocks = options.v9_skews.front();
+          args.v11 = options.gemm1_v11 == "on" ? 1 : 0;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
           if (options.gemm1_v9 == "both") {
             args.packing = kernels::GemmRole::kGateUpInterleaved8;
@@ -422,6 +427,18 @@ int run_gemm_bench(const GemmBenchOptions& options) {
               args.schedule = main_schedule;
             }
             args.packing = gemm1_packing;
+            args.v9_skew_kblocks = options.v9_skews.front();
+          }
+          if (options.gemm1_v11 == "both") {  // v11 GEMM 1 on the interleaved weights (one schedule, no skew)
+            const kernels::Fp8GemmSchedule main_schedule = args.schedule;
+            args.packing = kernels::GemmRole::kGateUpInterleaved8;
+            args.schedule = kernels::Fp8GemmSchedule::kSerial;
+            args.v9_skew_kblocks = 0;
+            args.v11 = 1;
+            p.schedule_us.emplace_back("v11", timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
+            args.v11 = 0;
+            args.packing = gemm1_packing;
+            args.schedule = main_schedule;
             args.v9_skew_kblocks = options.v9_skews.front();
           }
           if (two_pass) {  // the same arguments on kGateUp weights; the main column's schedule and rows hint
@@ -530,6 +547,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                       rows, p.gemm.c_str(), p.swiglu_us, p.swiglu_bytes / p.swiglu_us * 1e-3);
         if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.schedule;
         if (!bf16 && !fp4_group && which == 1 && options.gemm1_v9 == "on") p.schedule += "+v9";
+        if (!bf16 && !fp4_group && which == 1 && options.gemm1_v11 == "on") p.schedule += "+v11";
         if (!bf16 && !fp4_group && which == 2 && options.fp8_v11 == "on") p.schedule += "+v11";
         std::fflush(stdout);
         points.push_back(p);

@@ -29,6 +29,10 @@ struct GemmBenchOptions {
   // v9 skews (GroupedGemm1Fp8Args::v9_skew_kblocks) timed per point with --gemm1-v9 both (rows "v9" for 0,
   // "v9_skewN" otherwise); --gemm1-v9 on: the first is the main column.
   std::vector<int> v9_skews{0};
+  // v11 GEMM 1 (docs/grouped_gemm.md "v11 GEMM 1", GroupedGemm1Fp8Args::v11; kGateUpInterleaved8 weights): "off",
+  // "on" (the main column; needs --gemm1-v9 on), "both" = the main column as --gemm1-v9 says and v11 timed right
+  // after it (and after the v9 rows) per point (a row "v11", serial, interleaved weights).
+  std::string gemm1_v11 = "off";
   // BF16 kernels (docs/grouped_gemm.md "BF16 v2"), --format bf16 only: "auto" = the library default
   // (MEGAMOE_BF16_GEMM_V2 / heuristic; GEMM 1 packed as the staged backend would), "off" = v1 (GEMM 1 split-N
   // on kGateUp weights, GEMM 2 v1 tiles), "on" = v2 (GEMM 1 wide on kGateUpInterleaved8, GEMM 2 v2), "both" =

@@ -255,6 +255,11 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
     MEGAMOE_CHECK(skew == 0 || schedule == sm90::MathSchedule::kSerial, "v9_skew_kblocks = ", skew,
                   " needs the serial schedule (the pingpong issue token would deadlock with it)");
     params.v9_skew_kblocks = skew;
+    MEGAMOE_CHECK(args.v11 >= -1 && args.v11 <= 1, "GroupedGemm1Fp8Args::v11 = ", args.v11, " must be -1, 0 or 1");
+    if (args.v11 == 1 || (args.v11 == -1 && detail::env_switch("MEGAMOE_FP8_GEMM1_V11", false))) {
+      detail::launch_fp8_v11_gemm1(args.a, args.weights, params, stream);  // docs/grouped_gemm.md "v11 GEMM 1"
+      return;
+    }
     if (schedule == sm90::MathSchedule::kOrderedIssue)
       launch<sm90::kGateUpInterleaved, Epilogue::kSwigluInterleavedFp8, sm90::MathSchedule::kOrderedIssue>(
           args.a, args.weights, params, stream);

@@ -8,6 +8,10 @@
 
 #include <cuda_runtime_api.h>
 
+namespace megamoe::kernels::sm90 {
+struct GroupedGemmParams;  // sm90_fp8_grouped_gemm.cuh
+}  // namespace megamoe::kernels::sm90
+
 namespace megamoe::kernels::detail {
 
 // 2D byte tensor map [outer, inner_bytes] read in boxes of [box_outer, 128 bytes] with the 128-byte
@@ -33,5 +37,9 @@ bool swiglu_spread_enabled();
 void launch_fp8_v11(const uint8_t* a, const float* a_scales, const uint8_t* weights, const float* weight_scales,
                     const int32_t* expert_offsets, uint16_t* out, int64_t m_capacity, int num_experts, int n, int k,
                     int block_n, cudaStream_t stream);
+// v11 GEMM 1 (grouped_gemm_fp8_v11_gemm1.cu, sm90_fp8_wide_gemm1.cuh) on kGateUpInterleaved8 weights: `params`
+// as the v9 launch in grouped_gemm1_fp8 fills them (already validated; v9_skew_kblocks, a_tail_trim unused).
+void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
+                          cudaStream_t stream);
 
 }  // namespace megamoe::kernels::detail

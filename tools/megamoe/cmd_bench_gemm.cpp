@@ -23,6 +23,10 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                          ->check(CLI::IsMember({"off", "on", "both"}));
                      app.add_option("--v9-skews", options->v9_skews,
                                     "with --gemm1-v9 on/both: v9 skews (k-blocks, 0..4) to time; on: the first");
+                     app.add_option("--gemm1-v11", options->gemm1_v11,
+                                    "FP8 GEMM 1 v11 (interleaved weights): off, on (main column; needs --gemm1-v9 "
+                                    "on), both (v11 timed right after the main column and the v9 rows per point)")
+                         ->check(CLI::IsMember({"off", "on", "both"}));
                      app.add_option("--bf16-v2", options->bf16_v2,
                                     "BF16 kernels (--format bf16): auto (library default), off (v1), on (v2: wide "
                                     "128 x 256 tiles, bulk stores), both (off in the main columns, v2 right after it)")

@@ -1,0 +1,49 @@
+// Launcher of v11 GEMM 1 (sm90_fp8_wide_gemm1.cuh, docs/grouped_gemm.md "v11 GEMM 1"); grouped_gemm.cu validates
+// the arguments, fills the v9 parameters and calls launch_fp8_v11_gemm1 when it is selected.
+#include <cuda.h>
+
+#include "kernels/grouped_gemm_internal.h"
+#include "kernels/sm90_fp8_wide_gemm1.cuh"
+#include "megamoe/error_cuda.h"
+
+namespace megamoe::kernels::detail {
+namespace {
+
+template <bool kTmaScales>
+void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
+                       cudaStream_t stream) {
+  using Layout = sm90::WideGemm1Layout<kTmaScales>;
+  static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
+                "v11 GEMM-1 layout overflows 227 KiB of shared memory at kMaxExperts");
+  MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % Layout::kBlockN == 0,
+                "v11 GEMM 1: out must be 16-byte aligned and n = ", params.n, " a multiple of 256");
+  // A in 64-row boxes (produce_fp8_tile_trimmed), B in 256-row boxes over all experts' packed rows.
+  const CUtensorMap a_map = make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);
+  const CUtensorMap b_map = make_grouped_gemm_tensor_map(
+      weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
+  // kTmaScales: the A scales [m_capacity, k / 128] fp32 as bytes [m_capacity, k / 32] in 16-byte x 128-row boxes
+  // (as launch_fp8_v11). Otherwise an unused copy.
+  CUtensorMap scale_map = a_map;
+  if constexpr (kTmaScales)
+    scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
+                                     Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
+  const int shared_bytes = Layout::shared_bytes(params.num_experts);
+  auto* kernel = &sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales>;
+  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, params);
+  MEGAMOE_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
+                          cudaStream_t stream) {
+  // A scales by TMA under the conditions and switch of launch_fp8_v11 (MEGAMOE_FP8_V11_TMA_SCALES, default on):
+  // K % 512 == 0, m_capacity >= 128, 16-byte aligned scales. Same outputs bit for bit either way.
+  const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", true) && params.k % 512 == 0 &&
+                          params.m_capacity >= 128 && reinterpret_cast<uintptr_t>(params.a_scales) % 16 == 0;
+  if (tma_scales) launch_wide_gemm1<true>(a, weights, params, stream);
+  else launch_wide_gemm1<false>(a, weights, params, stream);
+}
+
+}  // namespace megamoe::kernels::detail

@@ -1,0 +1,279 @@
+// v11 GEMM 1: v11's structure (sm90_fp8_wide_grouped_gemm.cuh: warp-uniform control flow and descriptors,
+// optional TMA A scales) on v9's problem (docs/grouped_gemm.md "v9", "v11 GEMM 1"): split-M 128 x 256 tiles
+// on W13 packed gate/up-interleaved by 8 (GemmRole::kGateUpInterleaved8), SwiGLU + FP8 requant epilogue
+// (swiglu_quant_fp8_rows_epilogue, reused as is).
+//
+// Per element the arithmetic of v9 (fp8_kblock_groups with Layout::kGroupsN = 2): per k-block and math
+// warpgroup two groups h = 0, 1 (the tile's two 128-column n-halves), each 4 wgmma m64n128k32 into the ONE
+// 64-register partial, wait 0, then accumulator[h][4j + 2r + c] += partial[4j + 2r + c] * (scale_a[r] *
+// scale_b[j % 2]) with scale_b[0] = the tile's gate block scale, scale_b[1] = its up block scale (the
+// interleave puts gate columns at even 8-column groups j, up at odd: grouped_gemm.h); the stage is released
+// after group 1's wait. Same partials, same FFMA order, same epilogue: codes and scales bit-identical to v9
+// (and so to the split-N kernel).
+//
+// CTA = 3 warpgroups, 384 threads, persistent:
+// - warpgroup 0: thread 0 streams A (two 64-row boxes trimmed to the expert) and B (one 256-row box) per
+//   stage (produce_fp8_tile_trimmed, or wide_produce_tile_tma_scales with the A-scale boxes); warp 1 stages
+//   the A scales (cp.async path) and the tile's gate / up block scales (produce_fp8_scales /
+//   wide_produce_b_scales: [kBScaleIndex] = gate block 2 n_tile, [kBScaleIndex + 1] = up block 2 n_tile + 1).
+// - warpgroups 1, 2: tile rows [64 w, 64 w + 64), all 256 packed columns; the k loop below, then
+//   swiglu_quant_fp8_rows_epilogue (128 outputs per row, one FP8 block n_tile).
+// NOTES:
+// - Uniformity as v11: the warpgroup index, the tile-loop values (m0, m_end, n_tile, expert) and the stage-0
+//   descriptor words are __shfl_sync broadcasts, so stage / phase / descriptor arithmetic is uniform.
+// - A math warpgroup whose 64 rows hold no row of the expert releases every stage unread and skips the
+//   epilogue (v9 runs it on zero accumulators and stores nothing: rows >= m_end are never stored, and
+//   out_scales only for valid rows), so the global outputs are the same.
+// - kTmaScales (K % 512 == 0, MEGAMOE_FP8_V11_TMA_SCALES): the NOTES above wide_produce_tile_tma_scales hold
+//   unchanged (4 stages -> one A-scale group slot: 4 R >= kStages with R = 1). Rows past the expert's end get
+//   foreign scales instead of 0: their accumulators are garbage either way and are never stored; the
+//   epilogue's amax / scale of a row use only that row (quad shuffles over its own 4 lanes).
+// - Shared memory (1024 experts): 196,608 tiles + 18,432 FP8 row staging + 2,080 scales (cp.async: 4 x 130
+//   floats; TMA: 2,048 ring + 32 B scales) + 64 barriers + 12,300 tile table + 1,024 slack = 230,508 B.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/sm90_fp8_grouped_gemm.cuh"
+#include "kernels/sm90_fp8_wide_grouped_gemm.cuh"
+
+namespace megamoe::kernels::sm90 {
+
+// Member names as Fp8GemmShared, produce_fp8_tile_trimmed, produce_fp8_scales and the v11 kTmaScales
+// producers read them (WideFp8Layout's scheme with v9's FP8 row staging instead of BF16 staging).
+template <bool kTmaScalesValue>
+struct WideGemm1Layout {
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 256;  // packed gate/up columns: 128 outputs
+  static constexpr int kStageCount = 4;
+  static constexpr bool kScalesInShared = true;
+  static constexpr bool kTmaScales = kTmaScalesValue;
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kBBytes = kBlockN * kBlockK;
+  static constexpr int kTilesBytes = kStageCount * (kABytes + kBBytes);
+  static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage bases stay 1024-byte aligned (128-byte swizzle)");
+  // FP8 row staging of swiglu_quant_fp8_rows_epilogue (Fp8GemmShared::fp8_row_staging = kTilesBytes):
+  // 8 math warps x 16 rows x kFp8StagingPitch.
+  static constexpr int kStagingOffset = kTilesBytes;
+  static constexpr int kFp8RowStagingBytes = kMathWarpgroups * 4 * 16 * kFp8StagingPitch;
+  static constexpr int kStagingBytes = kFp8RowStagingBytes;
+  static constexpr int kScaleGroupKBlocks = 4;
+  static constexpr int kAScaleGroupBytes = kBlockM * kScaleGroupKBlocks * 4;
+  static constexpr int kAScaleGroups = (kStageCount + kScaleGroupKBlocks - 1) / kScaleGroupKBlocks;
+  static_assert(kScaleGroupKBlocks * kAScaleGroups >= kStageCount, "ring reuse bound (NOTES of the producer)");
+  static constexpr int kAScaleRingOffset = kStagingOffset + kStagingBytes;
+  static_assert(kAScaleRingOffset % 128 == 0, "TMA destinations 128-byte aligned");
+  static constexpr int kAScaleRingBytes = kTmaScales ? kAScaleGroups * kAScaleGroupBytes : 0;
+  static constexpr int kScaleFloats = kTmaScales ? 2 : kBlockM + 2;
+  static constexpr int kBScaleIndex = kTmaScales ? 0 : kBlockM;  // [+0] gate block, [+1] up block
+  static constexpr int kScalesOffset = kAScaleRingOffset + kAScaleRingBytes;
+  static constexpr int kScalesBytes = (kStageCount * kScaleFloats * 4 + 15) / 16 * 16;
+  static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
+  static constexpr int kTableOffset = kBarrierOffset + 2 * kStageCount * 8;
+  static constexpr int shared_bytes(int num_experts) { return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts); }
+};
+
+// One k-block of one math warpgroup after its `full` wait: v9's two groups (fp8_kblock_groups, kGroupsN 2,
+// one sub-tile) with the uniform descriptor words a_low / b_low of this stage, the stage's gate / up B scales
+// from `slot` (+ kBScaleIndex) and this thread's two rows' A scales. Releases the stage after group 1's wait
+// and advances stage / phase.
+template <class Layout>
+__device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[2][64], float (&partial)[64],
+                                                  const Fp8GemmShared<Layout>& smem, const float* slot,
+                                                  float scale_a0, float scale_a1, uint32_t a_low, uint32_t b_low,
+                                                  int& stage, uint32_t& phase) {
+  const int lane = threadIdx.x % 32;
+  const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+      wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                            sw128_descriptor_from_low(b_low + ((128 * h * kBlockK + 32 * k_step) >> 4)),
+                            k_step > 0 ? 1u : 0u);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+    if (h == 1) {
+      if (lane == 0) barrier_arrive(&smem.empty[stage]);
+      stage = stage + 1 == Layout::kStageCount ? 0 : stage + 1;
+      phase ^= stage == 0 ? 1u : 0u;
+    }
+    // fp8_kblock_groups' products and FFMAs (scale_b[n] = {gate, up} for both n-halves).
+    const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
+    const float scale10 = scale_a1 * scale_b0, scale11 = scale_a1 * scale_b1;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float scale0 = j % 2 ? scale01 : scale00, scale1 = j % 2 ? scale11 : scale10;
+      accumulator[h][4 * j + 0] += partial[4 * j + 0] * scale0;
+      accumulator[h][4 * j + 1] += partial[4 * j + 1] * scale0;
+      accumulator[h][4 * j + 2] += partial[4 * j + 2] * scale1;
+      accumulator[h][4 * j + 3] += partial[4 * j + 3] * scale1;
+    }
+  }
+}
+
+// The K loop of one tile for one math warpgroup (zeroes `accumulator`); stage / phase / scale_slot: the
+// ring cursors (warp-uniform, carried across tiles); a_descriptor0 / b_descriptor0: stage-0 descriptor
+// words of this warpgroup's A rows and the B tile; scale_row: this thread's first fragment row in the tile.
+// kTmaScales: k-blocks in groups of 4 with the group's A scales loaded at its first k-block (as
+// wide_fp8_tile_mainloop_tma_scales); otherwise per k-block from the stage's slot.
+template <class Layout>
+__device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[2][64], float (&partial)[64],
+                                                         const Fp8GemmShared<Layout>& smem, int k_blocks,
+                                                         uint32_t a_descriptor0, uint32_t b_descriptor0, int scale_row,
+                                                         int& stage, uint32_t& phase, int& scale_slot) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) accumulator[h][i] = 0.0f;
+  if constexpr (Layout::kTmaScales) {
+    constexpr int kGroupKBlocks = Layout::kScaleGroupKBlocks;
+    const float4* const ring_row =
+        reinterpret_cast<const float4*>(smem.a_tiles + Layout::kAScaleRingOffset) + scale_row;
+#pragma unroll 1
+    for (int group = 0; group < k_blocks / kGroupKBlocks; ++group) {
+      float4 scales_a0, scales_a1;
+#pragma unroll
+      for (int j = 0; j < kGroupKBlocks; ++j) {
+        barrier_wait(&smem.full[stage], phase);
+        if (j == 0) {
+          scales_a0 = ring_row[scale_slot * Layout::kBlockM];
+          scales_a1 = ring_row[scale_slot * Layout::kBlockM + 8];
+          scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
+        }
+        const float* slot = smem.scales + stage * Layout::kScaleFloats;
+        wide_gemm1_kblock<Layout>(accumulator, partial, smem, slot, float4_lane(scales_a0, j),
+                                  float4_lane(scales_a1, j), a_descriptor0 + stage * (Layout::kABytes >> 4),
+                                  b_descriptor0 + stage * (Layout::kBBytes >> 4), stage, phase);
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      barrier_wait(&smem.full[stage], phase);
+      const float* slot = smem.scales + stage * Layout::kScaleFloats;
+      const float scale_a0 = slot[scale_row], scale_a1 = slot[scale_row + 8];
+      wide_gemm1_kblock<Layout>(accumulator, partial, smem, slot, scale_a0, scale_a1,
+                                a_descriptor0 + stage * (Layout::kABytes >> 4),
+                                b_descriptor0 + stage * (Layout::kBBytes >> 4), stage, phase);
+    }
+  }
+}
+
+// params as the v9 launch (grouped_gemm1_fp8): n = 2 intermediate (packed), k = hidden, out E4M3 [rows, n / 2],
+// out_scales [rows, n / 256], activation / limit / alpha, topk_weights. scale_map: the A scales as bytes
+// (kTmaScales only).
+template <bool kTmaScales>
+__global__ void __launch_bounds__(kThreadsPerCta, 1)
+    sm90_fp8_wide_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                               const __grid_constant__ CUtensorMap scale_map, const GroupedGemmParams params) {
+  using Layout = WideGemm1Layout<kTmaScales>;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr int kBlockN = Layout::kBlockN;
+  constexpr int kStages = Layout::kStageCount;
+
+  extern __shared__ uint8_t shared_raw[];
+  const Fp8GemmShared<Layout> smem(shared_raw);
+  const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
+
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    prefetch_tensor_map(&a_map);
+    prefetch_tensor_map(&b_map);
+    if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
+  }
+  if (warp == 1) build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
+  __syncthreads();
+
+  const int k_blocks = params.k / kBlockK;
+  const int n_tiles = params.n / kBlockN;
+  const int n_blocks = params.n / 128;
+  const int total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
+
+  constexpr uint32_t kProducerRegs = 24;
+  constexpr uint32_t kMathRegs = 240;
+  if (warpgroup == 0) {
+    registers_decrease<kProducerRegs>();
+    if (warp == 1) {  // the scale warp: (A scales,) the tile's gate block 2 n_tile and up block 2 n_tile + 1
+      PipelineCursor<kStages> cursor;
+      int expert = 0;
+      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+        const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+        const float* gate_scales =
+            params.b_scales + (static_cast<int64_t>(expert) * n_blocks + 2 * where.n_tile) * k_blocks;
+        if constexpr (kTmaScales)
+          wide_produce_b_scales(smem, gate_scales, gate_scales + k_blocks, k_blocks, cursor);
+        else
+          produce_fp8_scales(smem, params.a_scales, gate_scales, gate_scales + k_blocks, where.m0, where.m_end,
+                             k_blocks, cursor);
+      }
+      cp_async_wait_all();
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    PipelineCursor<kStages> cursor;
+    int expert = 0;
+    int scale_slot = 0;
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+      if constexpr (kTmaScales)
+        wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end,
+                                     expert * params.n + where.n_tile * kBlockN, k_blocks, cursor, scale_slot);
+      else
+        produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, expert * params.n + where.n_tile * kBlockN,
+                                 k_blocks, cursor);
+    }
+    return;
+  }
+
+  registers_increase<kMathRegs>();
+  const int math_wg = warpgroup - 1;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = warp % 4;
+  const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale row of fragment row 0
+  const uint32_t a_descriptor0 = __shfl_sync(
+      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
+  const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
+
+  int stage = 0;
+  uint32_t phase = 0;
+  int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
+  int expert = 0;
+  float accumulator[2][64];
+  float partial[64];
+  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+    const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
+    const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
+    const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
+    expert = __shfl_sync(0xffffffffu, expert, 0);
+    if (m_end - m0 <= 64 * math_wg) {  // none of this warpgroup's rows: release every stage unread
+#pragma unroll 1
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        barrier_wait(&smem.full[stage], phase);
+        if (lane == 0) barrier_arrive(&smem.empty[stage]);
+        stage = stage + 1 == kStages ? 0 : stage + 1;
+        phase ^= stage == 0 ? 1u : 0u;
+      }
+      if constexpr (kTmaScales) scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
+      continue;
+    }
+    wide_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0, scale_row,
+                                     stage, phase, scale_slot);
+    swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.fp8_row_staging, m0 + math_wg * 64, m_end, n_tile,
+                                          params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
+                                          params.out_scales, params.activation, params.limit, params.alpha);
+  }
+  bulk_wait_all();  // the epilogue's bulk copies
+}
+
+}  // namespace megamoe::kernels::sm90
