@@ -125,7 +125,8 @@ struct GroupedGemm1Fp8Args {
   // v11 GEMM 1 (docs/grouped_gemm.md "v11 GEMM 1", sm90_fp8_wide_gemm1.cuh), used only when packing ==
   // kGateUpInterleaved8: v9's tile, arithmetic and epilogue with v11's uniform mainloop and TMA A scales
   // (MEGAMOE_FP8_V11_TMA_SCALES, K % 512 == 0); bit-identical outputs to v9. 1 = v11, 0 = v9, -1 = the
-  // environment variable MEGAMOE_FP8_GEMM1_V11 ("0" / "1"), else 0. One schedule (serial-like); `schedule`
+  // environment variable MEGAMOE_FP8_GEMM1_V11 ("0" / "1"), else sm90::prefer_fp8_gemm1_v11 (v11 since
+  // session 13). One schedule (serial-like); `schedule`
   // is validated as for v9 and v9_skew_kblocks is not used.
   int v11 = -1;
 };

@@ -109,7 +109,19 @@ inline MathSchedule choose_math_schedule(int /*rows_per_expert_hint*/) { return 
 // as K (hidden) grows and the K loop dominates; at K 7168 the 128 x 256 split-M mainloop's extra
 // shared-memory traffic outweighs it. Hence the cut at K <= 4096 (the measured crossover lies between
 // 4096 and 7168).
-inline bool prefer_gate_up_interleaved8(int hidden) { return hidden <= 4096; }
+// Session 13 (docs/perf.md "Session 13", calls 1-2): with v11 GEMM 1 on these weights (prefer_fp8_gemm1_v11 below)
+// the interleaved packing wins at every hidden size from a mean of ~64 rows per expert up: staged dsv3 FP8 on 2 ranks,
+// split-N vs v11, µs: 1024 tokens 1789-1817 vs 1627-1633, 2048 2528-2554 vs 2308-2346, 8192 7254-7297 vs 6669-6677;
+// at 512 tokens equal (1541-1569 vs 1557-1564), at 128 tokens +3% (1437-1469 vs 1486-1490: the split-N 64-row tile
+// is 4-5% faster at <= 32 rows per expert, bench gemm). ms4 and qwen3-30b (v9 before): 13-20% faster at 128-8192
+// tokens. One packing for every rows hint (the choice is made at load time), so the interleaved one everywhere.
+inline bool prefer_gate_up_interleaved8(int /*hidden*/) { return true; }
+
+// v11 GEMM 1 (sm90_fp8_wide_gemm1.cuh) vs v9 on kGateUpInterleaved8 weights: bit-identical outputs; v11 measured
+// 1.06-1.23x v9 at 512-4096 rows (bench gemm, 32 experts, session 13 call 1) and 1.2-1.5x at 8-128 rows (call 2:
+// v9 runs both math warpgroups' promotion on a one-warpgroup tile; v11 skips the empty one). So v11 at every
+// rows hint; MEGAMOE_FP8_GEMM1_V11=0 / GroupedGemm1Fp8Args::v11 = 0 keep v9.
+inline bool prefer_fp8_gemm1_v11(int /*rows_per_expert_hint*/) { return true; }
 
 // BF16 v2 (docs/grouped_gemm.md "BF16 v2"; sm90_bf16_grouped_gemm.cuh, sm90_bf16_wide_grouped_gemm_kernel):
 // split-M 128 x 256 with one wgmma m64n256k16 per 16 K per math warpgroup, 4 stages, bulk-store epilogue

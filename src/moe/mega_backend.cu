@@ -165,8 +165,8 @@ class MegaBackend final : public MoeBackend {
     format_ = mega_format(config.weight_format);
     const bool w4a8 = kernels::mega_is_w4a8(format_);
     const int64_t P = kernels::mega_element_bytes(format_);
-    // The grouped GEMMs' layouts (ExpertSlabs): W13 always kGateUp (the fused kernel's tiles; the split
-    // path tells grouped_gemm1_fp8 so), W2 kDown, W4A8 the standalone W4A8 GEMM's packing.
+    // The grouped GEMMs' layouts (ExpertSlabs): W13 kGateUp (the fused kernel's tiles), W2 kDown, W4A8 the
+    // standalone W4A8 GEMM's packing; the split path's W13 below.
     slabs_ = ExpertSlabs::allocate(config, local_experts_, kernels::GemmRole::kGateUp,
                                    [this](size_t bytes) { return alloc(bytes); });
 
@@ -178,6 +178,17 @@ class MegaBackend final : public MoeBackend {
     if (split_why.empty() &&
         mega_split_reachable(path_mode_, C, config.top_k, local_experts_, fused_max_rows(config.weight_format)))
       split_scratch_ = acquire_staged_scratch(*workspace, config, *ep);  // collective on first use
+    // The split path runs the staged GEMMs on staged's W13 packing (staged_gate_up_packing: FP8-block v11 GEMM 1
+    // on kGateUpInterleaved8, BF16 v2) in its own W13 copy: W13 memory twice where the split path can run.
+    // NOTES: the fused kernel's GEMM-1 tiles read kGateUp only; one shared layout needs a 64-row tile on the
+    // interleaved packing in the fused kernel (docs/mega.md).
+    split_slabs_ = slabs_;
+    if (split_scratch_ && !w4a8) {
+      const kernels::GemmRole split_packing = staged_gate_up_packing(config, false);
+      if (split_packing != kernels::GemmRole::kGateUp)
+        split_slabs_ = slabs_.with_own_gate_up(config, local_experts_, split_packing,
+                                               [this](size_t bytes) { return alloc(bytes); });
+    }
 
     // Shared fields (window, counters, epoch, grouped rows, act) from the region; the rest is this layer's.
     MegaMoeParams& p = params_;
@@ -245,6 +256,7 @@ class MegaBackend final : public MoeBackend {
     MEGAMOE_CHECK(local_expert >= 0 && local_expert < local_experts_, "local_expert = ", local_expert,
                   " must be in [0, ", local_experts_, ")");
     slabs_.load(config_, local_expert, w);
+    if (split_slabs_.w13 != slabs_.w13) split_slabs_.load_gate_up(config_, local_expert, w);
     loaded_[local_expert] = true;
   }
   void load_shared_expert(const ExpertWeights&) override {
@@ -312,7 +324,7 @@ class MegaBackend final : public MoeBackend {
     last_path_ = static_cast<int>(path);
     const auto s = static_cast<cudaStream_t>(stream);
     if (path == MegaPath::kSplit) {
-      run_staged_pipeline(config_, local_experts_, *split_scratch_, slabs_, in, out, s, split_phases_);
+      run_staged_pipeline(config_, local_experts_, *split_scratch_, split_slabs_, in, out, s, split_phases_);
       return;
     }
     const int64_t T = in.hidden.shape[0];
@@ -417,7 +429,8 @@ class MegaBackend final : public MoeBackend {
   bool destroyed_ = false;
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;
-  ExpertSlabs slabs_;  // in allocations_; read by both paths
+  ExpertSlabs slabs_;        // in allocations_; the fused kernel's (W13 kGateUp) and the split path's W2
+  ExpertSlabs split_slabs_;  // the split path's: slabs_ with its own W13 where staged_gate_up_packing differs
   // The split path (mega_path_heuristics.h): its mode, the staged pipeline's scratch (null when no
   // forward can take it) and phase events, and the path of the last forward (-1: none yet).
   MegaPathMode path_mode_ = MegaPathMode::kAuto;

@@ -64,26 +64,12 @@ class StagedBackend final : public MoeBackend {
     ep_ = ep;
     local_experts_ = config.num_experts / ep->size();
     first_expert_ = ep->rank() * local_experts_;
-    // GEMM-1 weight layout, i.e. which FP8-block GEMM-1 kernel runs (grouped_gemm.h): the packed layout is
-    // made once at load time, so the choice is made here, per backend: v9 (gate/up interleaved by 8,
-    // split-M 128 x 256) where sm90::prefer_gate_up_interleaved8(hidden) (measured crossover, see there),
-    // else the split-N tiles; MEGAMOE_FP8_GEMM1_V9=1 / 0 forces one (docs/grouped_gemm.md "v9").
-    // BF16: kGateUpInterleaved8 (the BF16 v2 GEMM-1 kernel, docs/grouped_gemm.md "BF16 v2") when
-    // kernels::bf16_gemm_v2_default() (MEGAMOE_BF16_GEMM_V2=0/1, else the heuristic), else kGateUp.
-    // W4A8 keeps its own layout.
+    // GEMM-1 weight layout, i.e. which GEMM-1 kernel runs: staged_gate_up_packing (staged_pipeline.h).
     // FP8-block, MEGAMOE_FP8_GEMM1_TWO_PASS=1 (read once here; default off): GEMM 1 in two passes, the plain
     // grouped GEMM (BF16 gate/up into the scratch's gate_up) then swiglu_quant_fp8 (kernels/swiglu_quant.h,
-    // docs/grouped_gemm.md "Two-pass GEMM 1"). The plain GEMM needs the by-128 gate/up order, so W13 is packed
-    // kGateUp whatever v9's heuristic or MEGAMOE_FP8_GEMM1_V9 would pick.
-    if (config.weight_format == WeightFormat::kFp8Block) {
-      fp8_gemm1_two_pass_ = kernels::fp8_gemm1_two_pass_from_env();
-      const char* v9 = std::getenv("MEGAMOE_FP8_GEMM1_V9");
-      const bool use_v9 = !fp8_gemm1_two_pass_ &&
-                          (v9 && *v9 ? std::string(v9) == "1" : kernels::sm90::prefer_gate_up_interleaved8(config.hidden));
-      gate_up_packing_ = use_v9 ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
-    } else if (config.weight_format == WeightFormat::kBf16) {
-      gate_up_packing_ = kernels::bf16_gemm_v2_default() ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
-    }
+    // docs/grouped_gemm.md "Two-pass GEMM 1"), on kGateUp weights.
+    if (config.weight_format == WeightFormat::kFp8Block) fp8_gemm1_two_pass_ = kernels::fp8_gemm1_two_pass_from_env();
+    gate_up_packing_ = staged_gate_up_packing(config, fp8_gemm1_two_pass_);
     if (!workspace) workspace = make_moe_workspace();  // one layer: a private region
     workspace_ = workspace;
     scratch_ = acquire_staged_scratch(*workspace, config, *ep, fp8_gemm1_two_pass_);

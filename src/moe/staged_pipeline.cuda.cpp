@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/grouped_gemm.h"
+#include "kernels/sm90_gemm_heuristics.h"
 #include "kernels/swiglu_quant.h"
 #include "megamoe/ep.h"
 #include "megamoe/error_cuda.h"
@@ -54,8 +55,40 @@ void ExpertSlabs::load(const MoeConfig& config, int local_expert, const ExpertWe
                               w2_blocks);
     return;
   }
-  upload_packed_expert("w13", w.w13, format, 2 * I, H, local_expert, gate_up_packing, w13, w13_scales);
+  load_gate_up(config, local_expert, w);
   upload_packed_expert("w2", w.w2, format, H, I, local_expert, kernels::GemmRole::kDown, w2, w2_scales);
+}
+
+void ExpertSlabs::load_gate_up(const MoeConfig& config, int local_expert, const ExpertWeights& w) const {
+  MEGAMOE_CHECK(!is_w4a8(format), "ExpertSlabs::load_gate_up: FP8-block and BF16 only (format ",
+                weight_format_name(format), ")");
+  const int64_t H = config.hidden, I = config.intermediate;
+  upload_packed_expert("w13", w.w13, format, 2 * I, H, local_expert, gate_up_packing, w13, w13_scales);
+}
+
+ExpertSlabs ExpertSlabs::with_own_gate_up(const MoeConfig& config, int local_experts, kernels::GemmRole packing,
+                                          const std::function<void*(size_t)>& alloc) const {
+  MEGAMOE_CHECK(!is_w4a8(format), "ExpertSlabs::with_own_gate_up: FP8-block and BF16 only (format ",
+                weight_format_name(format), ")");
+  ExpertSlabs s = *this;
+  s.gate_up_packing = packing;
+  const int64_t H = config.hidden, I = config.intermediate, E = local_experts;
+  s.w13 = alloc(E * 2 * I * H * (format == WeightFormat::kBf16 ? 2 : 1));
+  if (format == WeightFormat::kFp8Block)
+    s.w13_scales = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
+  return s;
+}
+
+kernels::GemmRole staged_gate_up_packing(const MoeConfig& config, bool fp8_gemm1_two_pass) {
+  if (config.weight_format == WeightFormat::kFp8Block) {
+    if (fp8_gemm1_two_pass) return kernels::GemmRole::kGateUp;
+    const char* v9 = std::getenv("MEGAMOE_FP8_GEMM1_V9");
+    const bool interleaved = v9 && *v9 ? std::string(v9) == "1" : kernels::sm90::prefer_gate_up_interleaved8(config.hidden);
+    return interleaved ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
+  }
+  if (config.weight_format == WeightFormat::kBf16)
+    return kernels::bf16_gemm_v2_default() ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
+  return kernels::GemmRole::kGateUp;
 }
 
 StagedScratch::~StagedScratch() {

@@ -26,9 +26,9 @@ namespace megamoe {
 //               the BF16 v2 GEMM-1 kernel), w2 [E, H, I] bf16 (kDown), no scales
 //   W4A8      : pack_w4a8_expert_weights (kGateUp / kDown): data, group scales and block records
 //               (packed_w4a8_size per expert)
-// NOTES: both backends allocate and load through this struct, so the fused kernel and the staged
-// kernels read one layout by construction; mega always packs W13 with kGateUp (its kernel's tiles),
-// staged may pick kGateUpInterleaved8 (v9) for FP8-block and (BF16 v2) for BF16, and run_staged_pipeline
+// NOTES: both backends allocate and load through this struct. mega packs W13 with kGateUp (its fused kernel's
+// tiles) and, where its split path can run and staged_gate_up_packing differs, a second W13 in that packing
+// (with_own_gate_up: W13 memory twice, W2 shared); staged packs staged_gate_up_packing only. run_staged_pipeline
 // hands `gate_up_packing` to grouped_gemm1_fp8 / grouped_gemm1_bf16, which pick the kernel for that layout.
 struct ExpertSlabs {
   WeightFormat format = WeightFormat::kBf16;
@@ -49,7 +49,21 @@ struct ExpertSlabs {
                               const std::function<void*(size_t)>& alloc);
   // Checks, packs and uploads one expert (synchronous; packed_weights.h).
   void load(const MoeConfig& config, int local_expert, const ExpertWeights& weights) const;
+  // This slab set with its own W13 (and FP8 W13 scales) packed with `gate_up_packing`, sharing W2: how mega gives
+  // its split path the staged pipeline's GEMM-1 layout while its fused kernel keeps kGateUp. FP8-block and BF16.
+  ExpertSlabs with_own_gate_up(const MoeConfig& config, int local_experts, kernels::GemmRole gate_up_packing,
+                               const std::function<void*(size_t)>& alloc) const;
+  // Packs and uploads W13 of one expert only (the slab set from with_own_gate_up).
+  void load_gate_up(const MoeConfig& config, int local_expert, const ExpertWeights& weights) const;
 };
+
+// The W13 packing the staged pipeline runs best on (made once at load time, so one choice for every rows hint):
+//   FP8-block: kGateUpInterleaved8 (v9 / v11 GEMM 1) where sm90::prefer_gate_up_interleaved8 (every hidden since
+//              session 13), else kGateUp (split-N tiles); MEGAMOE_FP8_GEMM1_V9=1 / 0 forces one; kGateUp whenever
+//              fp8_gemm1_two_pass (its plain GEMM needs the by-128 gate/up order).
+//   BF16:      kGateUpInterleaved8 (BF16 v2 GEMM 1) when kernels::bf16_gemm_v2_default(), else kGateUp.
+//   W4A8:      kGateUp (the W4A8 kernels' own layout).
+kernels::GemmRole staged_gate_up_packing(const MoeConfig& config, bool fp8_gemm1_two_pass);
 
 // What staged pipelines share (MoeWorkspace): the dispatcher (EP window + grouped rows + counters), the
 // GEMM-1 output, its scales and the GEMM-2 output. rows = ranks * C * min(top_k, local experts):

@@ -23,8 +23,8 @@ MoeConfig small_config(int max_tokens, WeightFormat format = WeightFormat::kFp8B
 // code per row (W4A8: the same decode, wgmma and promotion pieces of sm90_w4a8_grouped_gemm.cuh) (each output element depends only on its row, its weight column and the fixed k-step
 // order), round the GEMM-1 output the same way, and on one rank both combines sum a token's k slots
 // in one fp32 fmaf chain in slot order.
-// The split path is staged's pipeline on the same packed weights (FP8 W13 in mega's kGateUp layout, which
-// grouped_gemm1_fp8 runs bit-identically to staged's v9 layout): 0 differing elements too.
+// The split path is staged's pipeline on mega's W2 and its own W13 copy in staged's packing (FP8: v11 GEMM 1 on
+// kGateUpInterleaved8, bit-identical to the fused kernel's split-N tiles on kGateUp): 0 differing elements too.
 TEST_P(MegaSingle, MatchesReferenceAndStagedReplaysAndRepeats) {
   auto group = single_rank_group();
   for (const char* backend : {"mega[fused]", "mega[split]"})
