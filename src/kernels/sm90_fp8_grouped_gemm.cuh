@@ -1014,7 +1014,12 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
 //   epilogue's copies of the previous tile, waited for here; W4A8: the decoded tiles, whose last wgmma every
 //   warp waited for before its epilogue).
 // - named barrier `barrier_id` with 256 threads (both math warpgroups), three times per call.
-template <int kMaxRows, bool kCoherentScales, bool kWaitBulkReads>
+// - kInterleaved (v11 GEMM 1 small, sm90_fp8_wide_gemm1.cuh: a 64 x 256 tile on kGateUpInterleaved8 weights, math
+//   warpgroup w = packed columns [128 w, 128 w + 128) = gate AND up of outputs [64 w, 64 w + 64), interleaved by 8):
+//   only step 1 differs: register 4 j + 2 h + c (j = 2 p + u) is the gate (u = 0) or up (u = 1) value of output
+//   column 64 w + 8 p + 2 q + c, written to that column of the gate / up block. Same staging image as the split-N
+//   tile's, so steps 2-3 and the bank math are unchanged (the columns' low 5 bits are those of 8 j + 2 q).
+template <int kMaxRows, bool kCoherentScales, bool kWaitBulkReads, bool kInterleaved = false>
 __device__ __forceinline__ void swiglu_quant_fp8_spread_epilogue(const float (&accumulator)[64], float* staging,
                                                                  int math_wg, int m0, int valid_rows, int n_tile,
                                                                  int out_cols, const float* topk_weights,
@@ -1035,9 +1040,16 @@ __device__ __forceinline__ void swiglu_quant_fp8_spread_epilogue(const float (&a
       float* row_base = block + row * 128;
       const int swizzle = (row & 7) << 2;
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<float2*>(row_base + ((8 * j + 2 * (lane % 4)) ^ swizzle)) =
-            make_float2(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+      for (int j = 0; j < 16; ++j) {
+        if constexpr (kInterleaved) {
+          float* const gate_or_up = staging + ((j % 2) * kMaxRows + row) * 128;
+          *reinterpret_cast<float2*>(gate_or_up + ((64 * math_wg + 8 * (j / 2) + 2 * (lane % 4)) ^ swizzle)) =
+              make_float2(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+        } else {
+          *reinterpret_cast<float2*>(row_base + ((8 * j + 2 * (lane % 4)) ^ swizzle)) =
+              make_float2(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+        }
+      }
     }
   }
   named_barrier_sync(barrier_id, 256);

@@ -61,7 +61,11 @@ struct WideGemm1Layout {
   // 8 math warps x 16 rows x kFp8StagingPitch.
   static constexpr int kStagingOffset = kTilesBytes;
   static constexpr int kFp8RowStagingBytes = kMathWarpgroups * 4 * 16 * kFp8StagingPitch;
-  static constexpr int kStagingBytes = kFp8RowStagingBytes;
+  // The small tile's spread epilogue (tiles of <= kSpreadRows rows; swiglu_quant_fp8_spread_epilogue, kInterleaved)
+  // stages FP32 gate / up blocks of kSpreadRows rows in the same region (32 KiB): the region is the larger of the two.
+  static constexpr int kSpreadRows = kBlockM == 64 ? 32 : 0;
+  static constexpr int kSpreadBytes = 2 * kSpreadRows * 128 * 4;
+  static constexpr int kStagingBytes = kFp8RowStagingBytes > kSpreadBytes ? kFp8RowStagingBytes : kSpreadBytes;
   static constexpr int kScaleGroupKBlocks = 4;
   static constexpr int kAScaleGroupBytes = kBlockM * kScaleGroupKBlocks * 4;
   static constexpr int kAScaleGroups = (kStageCount + kScaleGroupKBlocks - 1) / kScaleGroupKBlocks;
@@ -177,7 +181,9 @@ __device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[kH
 // v11 GEMM 1 small: the math warpgroups of a 64 x 256 tile (Layout::kBlockM == 64). Both hold the tile's 64 rows;
 // warpgroup w runs the n-half w (packed columns [128 w, 128 w + 128): gate and up of outputs [64 w, 64 w + 64) of
 // block n_tile, interleaved by 8) with v11 GEMM 1's k-block (kHalves = 1), then swiglu_quant_fp8_rows_epilogue
-// with kHalves = 1 and the per-row amax exchange (RowsAmaxExchange, named barrier kSmallAmaxBarrier).
+// with kHalves = 1 and the per-row amax exchange (RowsAmaxExchange, named barrier kSmallAmaxBarrier); tiles of
+// <= kSpreadRows (32) rows with params.swiglu_spread (MEGAMOE_SWIGLU_SPREAD, default on) take the spread epilogue
+// instead (kInterleaved: all 8 math warps finish whole rows, as the split-N 64-row tile does).
 // NOTES:
 // - Bit-identical to v9 / v11: an element's 128-K partial comes from the same 4 wgmma k32 steps (m64n128k32 on
 //   the same A rows and B rows; the partial does not depend on which warpgroup issues it or at which A row
@@ -188,7 +194,14 @@ __device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[kH
 //   the exchange is the same on both sides (RowsAmaxExchange NOTES).
 // - Uniformity: math_wg / warp / per-tile values are broadcasts (as v11); b_descriptor0 includes the
 //   warpgroup's n-half offset (128 rows x 128 B = 16 KiB: >> 4 = 1024 in the descriptor's address word).
-// - The amax exchange buffer [parity][warpgroup][64] sits at Layout::kAmaxOffset, nothing else uses it.
+// - The amax exchange buffer [parity][warpgroup][64] sits at Layout::kAmaxOffset, nothing else uses it. Every
+//   256-thread barrier between two uses of one parity orders them, the spread epilogue's three included (its
+//   tiles flip the parity too).
+// - The spread epilogue's FP32 staging (32 KiB) aliases the FP8 row staging: (a) before its writes every lane ran
+//   bulk_wait_all_read (the rows epilogue's copies of earlier tiles, issued by lanes < 16) and the spread's first
+//   barrier; (b) its last barrier (every row read) comes before any later tile's rows-epilogue staging write.
+//   It shares named barrier kSmallAmaxBarrier with the amax exchange: the branch is CTA-uniform (m0, m_end), so
+//   all 256 math threads run the same barrier sequence.
 constexpr uint32_t kSmallAmaxBarrier = 1;
 template <class Layout>
 __device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout>& smem, const ExpertTileTable& table,
@@ -215,12 +228,23 @@ __device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout
     expert = __shfl_sync(0xffffffffu, expert, 0);
     wide_gemm1_tile_mainloop<Layout, 1>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                         row_in_tile, stage, phase, scale_slot);
-    float* const exchange = amax_buffer + parity * (2 * 64);
-    const RowsAmaxExchange combine{exchange + math_wg * 64, exchange + (1 - math_wg) * 64, row_in_tile,
-                                   kSmallAmaxBarrier};
-    swiglu_quant_fp8_rows_epilogue<false, 1>(accumulator, smem.fp8_row_staging, m0, m_end, n_tile, params.n / 2,
-                                             params.topk_weights, static_cast<uint8_t*>(params.out), params.out_scales,
-                                             params.activation, params.limit, params.alpha, 64 * math_wg, combine);
+    if (params.swiglu_spread && m_end - m0 <= Layout::kSpreadRows) {  // CTA-uniform
+      // The spread epilogue's staging aliases the FP8 row staging: every lane's earlier bulk copies (the rows
+      // epilogue's, lanes < 16) have read it before the spread epilogue's first barrier.
+      bulk_wait_all_read();
+      swiglu_quant_fp8_spread_epilogue<Layout::kSpreadRows, false, false, true>(
+          accumulator[0], reinterpret_cast<float*>(smem.fp8_row_staging), math_wg, m0, m_end - m0, n_tile,
+          params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out), params.out_scales, params.activation,
+          params.limit, params.alpha, kSmallAmaxBarrier);
+    } else {
+      float* const exchange = amax_buffer + parity * (2 * 64);
+      const RowsAmaxExchange combine{exchange + math_wg * 64, exchange + (1 - math_wg) * 64, row_in_tile,
+                                     kSmallAmaxBarrier};
+      swiglu_quant_fp8_rows_epilogue<false, 1>(accumulator, smem.fp8_row_staging, m0, m_end, n_tile, params.n / 2,
+                                               params.topk_weights, static_cast<uint8_t*>(params.out),
+                                               params.out_scales, params.activation, params.limit, params.alpha,
+                                               64 * math_wg, combine);
+    }
     parity ^= 1;
   }
   bulk_wait_all();  // the epilogue's bulk copies
