@@ -30,6 +30,14 @@
 //   epilogue's amax / scale of a row use only that row (quad shuffles over its own 4 lanes).
 // - Shared memory (1024 experts): 196,608 tiles + 18,432 FP8 row staging + 2,080 scales (cp.async: 4 x 130
 //   floats; TMA: 2,048 ring + 32 B scales) + 64 barriers + 12,300 tile table + 1,024 slack = 230,508 B.
+//
+// v11 GEMM 1 small (kBlockMValue = 64; docs/grouped_gemm.md "v11 GEMM 1 small"): the same kernel with a 64 x 256
+// tile whose math warpgroups split N (warpgroup w = packed columns [128 w, 128 w + 128): gate and up of outputs
+// [64 w, 64 w + 64)), for experts of <= ~56 rows, where the 128-row tile leaves one math warpgroup idle. Producer
+// warpgroup unchanged; math: wide_gemm1_small_math (NOTES there). Shared memory (1024 experts): 163,840 tiles +
+// 32,768 staging (the spread epilogue's FP32 gate / up of 32 rows; the 18,432 B FP8 row staging inside it) +
+// 1,024 A-scale ring + 32 B scales (cp.async: 1,056 scale slots) + 1,024 amax exchange + 64 barriers + 12,300
+// tile table + 1,024 slack = 212,076 B (both scale paths).
 #pragma once
 
 #include <cuda.h>
