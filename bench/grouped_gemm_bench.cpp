@@ -231,6 +231,11 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                 "--gemm1-v11 = '", options.gemm1_v11, "' must be off, on or both");
   MEGAMOE_CHECK(options.gemm1_v11 != "on" || options.gemm1_v9 == "on",
                 "--gemm1-v11 on needs --gemm1-v9 on (v11 GEMM 1 runs on the interleaved weights); or use both");
+  MEGAMOE_CHECK(options.gemm1_v11_small == "off" || options.gemm1_v11_small == "on" || options.gemm1_v11_small == "both",
+                "--gemm1-v11-small = '", options.gemm1_v11_small, "' must be off, on or both");
+  MEGAMOE_CHECK(options.gemm1_v11_small == "off" || options.gemm1_v11 != "off",
+                "--gemm1-v11-small on / both needs --gemm1-v11 on or both");
+  const int gemm1_v11_small = options.gemm1_v11_small == "on" ? 1 : 0;
   MEGAMOE_CHECK(options.gemm1_two_pass == "off" || options.gemm1_two_pass == "both", "--gemm1-two-pass = '",
                 options.gemm1_two_pass, "' must be off or both");
   const bool two_pass = options.gemm1_two_pass == "both" && options.format == "fp8";
@@ -412,6 +417,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
           args.packing = gemm1_packing;
           args.v9_skew_kblocks = options.v9_skews.front();
           args.v11 = options.gemm1_v11 == "on" ? 1 : 0;
+          args.v11_small = gemm1_v11_small;
           p.us = timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); });
           if (options.gemm1_v9 == "both") {
             args.packing = kernels::GemmRole::kGateUpInterleaved8;
@@ -438,6 +444,23 @@ int run_gemm_bench(const GemmBenchOptions& options) {
             p.schedule_us.emplace_back("v11", timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
             args.v11 = 0;
             args.packing = gemm1_packing;
+            args.schedule = main_schedule;
+            args.v9_skew_kblocks = options.v9_skews.front();
+          }
+          if (options.gemm1_v11_small == "both") {  // v11 GEMM 1 small on the interleaved weights, after the v11 row
+            const kernels::Fp8GemmSchedule main_schedule = args.schedule;
+            const kernels::GemmRole main_packing = args.packing;
+            const int main_v11 = args.v11;
+            args.packing = kernels::GemmRole::kGateUpInterleaved8;
+            args.schedule = kernels::Fp8GemmSchedule::kSerial;
+            args.v9_skew_kblocks = 0;
+            args.v11 = 1;
+            args.v11_small = 1;
+            p.schedule_us.emplace_back("v11_small",
+                                       timer.median_us([&] { kernels::grouped_gemm1_fp8(args, nullptr); }));
+            args.v11_small = gemm1_v11_small;
+            args.v11 = main_v11;
+            args.packing = main_packing;
             args.schedule = main_schedule;
             args.v9_skew_kblocks = options.v9_skews.front();
           }
@@ -548,6 +571,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
         if (!bf16 && !fp4_group) p.schedule = all_schedules ? "serial" : options.schedule;
         if (!bf16 && !fp4_group && which == 1 && options.gemm1_v9 == "on") p.schedule += "+v9";
         if (!bf16 && !fp4_group && which == 1 && options.gemm1_v11 == "on") p.schedule += "+v11";
+        if (!bf16 && !fp4_group && which == 1 && options.gemm1_v11 == "on" && gemm1_v11_small) p.schedule += "_small";
         if (!bf16 && !fp4_group && which == 2 && options.fp8_v11 == "on") p.schedule += "+v11";
         std::fflush(stdout);
         points.push_back(p);

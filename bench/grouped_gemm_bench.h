@@ -33,6 +33,10 @@ struct GemmBenchOptions {
   // "on" (the main column; needs --gemm1-v9 on), "both" = the main column as --gemm1-v9 says and v11 timed right
   // after it (and after the v9 rows) per point (a row "v11", serial, interleaved weights).
   std::string gemm1_v11 = "off";
+  // v11 GEMM 1 small (docs/grouped_gemm.md "v11 GEMM 1 small", GroupedGemm1Fp8Args::v11_small: the 64 x 256 tile whose
+  // math warpgroups split N): "off" (every v11 run on the 128 x 256 tile), "on" (the v11 runs use the small tile),
+  // "both" = v11 small timed right after the v11 row per point (a row "v11_small"; needs --gemm1-v11 on or both).
+  std::string gemm1_v11_small = "off";
   // BF16 kernels (docs/grouped_gemm.md "BF16 v2"), --format bf16 only: "auto" = the library default
   // (MEGAMOE_BF16_GEMM_V2 / heuristic; GEMM 1 packed as the staged backend would), "off" = v1 (GEMM 1 split-N
   // on kGateUp weights, GEMM 2 v1 tiles), "on" = v2 (GEMM 1 wide on kGateUpInterleaved8, GEMM 2 v2), "both" =

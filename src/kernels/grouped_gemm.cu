@@ -256,8 +256,15 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
                   " needs the serial schedule (the pingpong issue token would deadlock with it)");
     params.v9_skew_kblocks = skew;
     MEGAMOE_CHECK(args.v11 >= -1 && args.v11 <= 1, "GroupedGemm1Fp8Args::v11 = ", args.v11, " must be -1, 0 or 1");
+    MEGAMOE_CHECK(args.v11_small >= -1 && args.v11_small <= 1, "GroupedGemm1Fp8Args::v11_small = ", args.v11_small,
+                  " must be -1, 0 or 1");
     if (args.v11 == 1 || (args.v11 == -1 && detail::env_switch("MEGAMOE_FP8_GEMM1_V11", sm90::prefer_fp8_gemm1_v11(args.rows_per_expert_hint)))) {
-      detail::launch_fp8_v11_gemm1(args.a, args.weights, params, stream);  // docs/grouped_gemm.md "v11 GEMM 1"
+      // docs/grouped_gemm.md "v11 GEMM 1" and "v11 GEMM 1 small"
+      const bool small = args.v11_small == 1 ||
+                         (args.v11_small == -1 &&
+                          detail::env_switch("MEGAMOE_FP8_GEMM1_V11_SMALL",
+                                             sm90::prefer_fp8_gemm1_v11_small(args.rows_per_expert_hint)));
+      detail::launch_fp8_v11_gemm1(args.a, args.weights, params, small, stream);
       return;
     }
     if (schedule == sm90::MathSchedule::kOrderedIssue)

@@ -129,6 +129,12 @@ struct GroupedGemm1Fp8Args {
   // session 13). One schedule (serial-like); `schedule`
   // is validated as for v9 and v9_skew_kblocks is not used.
   int v11 = -1;
+  // v11 GEMM 1 small (docs/grouped_gemm.md "v11 GEMM 1 small"), used only with v11 on kGateUpInterleaved8
+  // weights: the 64 x 256 tile whose two math warpgroups split the 256 packed columns (each 64 outputs, gate and
+  // up interleaved) instead of the 128 x 256 split-M tile; bit-identical outputs. 1 = small, 0 = 128 x 256, -1 =
+  // the environment variable MEGAMOE_FP8_GEMM1_V11_SMALL ("0" / "1"), else
+  // sm90::prefer_fp8_gemm1_v11_small(rows_per_expert_hint).
+  int v11_small = -1;
 };
 void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream);
 

@@ -9,10 +9,10 @@
 namespace megamoe::kernels::detail {
 namespace {
 
-template <bool kTmaScales>
+template <bool kTmaScales, int kBlockM>
 void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
                        cudaStream_t stream) {
-  using Layout = sm90::WideGemm1Layout<kTmaScales>;
+  using Layout = sm90::WideGemm1Layout<kTmaScales, kBlockM>;
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "v11 GEMM-1 layout overflows 227 KiB of shared memory at kMaxExperts");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % Layout::kBlockN == 0,
@@ -21,14 +21,14 @@ void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   const CUtensorMap a_map = make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);
   const CUtensorMap b_map = make_grouped_gemm_tensor_map(
       weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
-  // kTmaScales: the A scales [m_capacity, k / 128] fp32 as bytes [m_capacity, k / 32] in 16-byte x 128-row boxes
+  // kTmaScales: the A scales [m_capacity, k / 128] fp32 as bytes [m_capacity, k / 32] in 16-byte x kBlockM-row boxes
   // (as launch_fp8_v11). Otherwise an unused copy.
   CUtensorMap scale_map = a_map;
   if constexpr (kTmaScales)
     scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
                                      Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales>;
+  auto* kernel = &sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales, kBlockM>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, params);
   MEGAMOE_LAUNCH_CHECK();
@@ -36,14 +36,21 @@ void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::Gro
 
 }  // namespace
 
-void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
+void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params, bool small,
                           cudaStream_t stream) {
   // A scales by TMA under the conditions and switch of launch_fp8_v11 (MEGAMOE_FP8_V11_TMA_SCALES, default on):
-  // K % 512 == 0, m_capacity >= 128, 16-byte aligned scales. Same outputs bit for bit either way.
+  // K % 512 == 0, m_capacity >= the tile's rows (one scale box), 16-byte aligned scales. Same outputs bit for bit
+  // either way. small: the 64 x 256 split-N tile (docs/grouped_gemm.md "v11 GEMM 1 small").
+  const int block_m = small ? 64 : 128;
   const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", true) && params.k % 512 == 0 &&
-                          params.m_capacity >= 128 && reinterpret_cast<uintptr_t>(params.a_scales) % 16 == 0;
-  if (tma_scales) launch_wide_gemm1<true>(a, weights, params, stream);
-  else launch_wide_gemm1<false>(a, weights, params, stream);
+                          params.m_capacity >= block_m && reinterpret_cast<uintptr_t>(params.a_scales) % 16 == 0;
+  if (small) {
+    if (tma_scales) launch_wide_gemm1<true, 64>(a, weights, params, stream);
+    else launch_wide_gemm1<false, 64>(a, weights, params, stream);
+  } else {
+    if (tma_scales) launch_wide_gemm1<true, 128>(a, weights, params, stream);
+    else launch_wide_gemm1<false, 128>(a, weights, params, stream);
+  }
 }
 
 }  // namespace megamoe::kernels::detail

@@ -39,7 +39,8 @@ void launch_fp8_v11(const uint8_t* a, const float* a_scales, const uint8_t* weig
                     int block_n, cudaStream_t stream);
 // v11 GEMM 1 (grouped_gemm_fp8_v11_gemm1.cu, sm90_fp8_wide_gemm1.cuh) on kGateUpInterleaved8 weights: `params`
 // as the v9 launch in grouped_gemm1_fp8 fills them (already validated; v9_skew_kblocks, a_tail_trim unused).
-void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
+// small: the 64 x 256 split-N tile ("v11 GEMM 1 small"), else 128 x 256 split-M.
+void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params, bool small,
                           cudaStream_t stream);
 
 }  // namespace megamoe::kernels::detail

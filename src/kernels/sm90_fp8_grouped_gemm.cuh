@@ -1014,7 +1014,12 @@ __device__ __forceinline__ void swiglu_quant_fp8_epilogue(float (&accumulator)[L
 //   epilogue's copies of the previous tile, waited for here; W4A8: the decoded tiles, whose last wgmma every
 //   warp waited for before its epilogue).
 // - named barrier `barrier_id` with 256 threads (both math warpgroups), three times per call.
-template <int kMaxRows, bool kCoherentScales, bool kWaitBulkReads>
+// - kInterleaved (v11 GEMM 1 small, sm90_fp8_wide_gemm1.cuh: a 64 x 256 tile on kGateUpInterleaved8 weights, math
+//   warpgroup w = packed columns [128 w, 128 w + 128) = gate AND up of outputs [64 w, 64 w + 64), interleaved by 8):
+//   only step 1 differs: register 4 j + 2 h + c (j = 2 p + u) is the gate (u = 0) or up (u = 1) value of output
+//   column 64 w + 8 p + 2 q + c, written to that column of the gate / up block. Same staging image as the split-N
+//   tile's, so steps 2-3 and the bank math are unchanged (the columns' low 5 bits are those of 8 j + 2 q).
+template <int kMaxRows, bool kCoherentScales, bool kWaitBulkReads, bool kInterleaved = false>
 __device__ __forceinline__ void swiglu_quant_fp8_spread_epilogue(const float (&accumulator)[64], float* staging,
                                                                  int math_wg, int m0, int valid_rows, int n_tile,
                                                                  int out_cols, const float* topk_weights,
@@ -1035,9 +1040,16 @@ __device__ __forceinline__ void swiglu_quant_fp8_spread_epilogue(const float (&a
       float* row_base = block + row * 128;
       const int swizzle = (row & 7) << 2;
 #pragma unroll
-      for (int j = 0; j < 16; ++j)
-        *reinterpret_cast<float2*>(row_base + ((8 * j + 2 * (lane % 4)) ^ swizzle)) =
-            make_float2(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+      for (int j = 0; j < 16; ++j) {
+        if constexpr (kInterleaved) {
+          float* const gate_or_up = staging + ((j % 2) * kMaxRows + row) * 128;
+          *reinterpret_cast<float2*>(gate_or_up + ((64 * math_wg + 8 * (j / 2) + 2 * (lane % 4)) ^ swizzle)) =
+              make_float2(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+        } else {
+          *reinterpret_cast<float2*>(row_base + ((8 * j + 2 * (lane % 4)) ^ swizzle)) =
+              make_float2(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
+        }
+      }
     }
   }
   named_barrier_sync(barrier_id, 256);
@@ -1104,24 +1116,74 @@ constexpr int swiglu_spread_rows() {
 // - Bank math (st.shared.b16): lane 4g + q writes byte 144 (8 r + g) + 64 n + 8 p + 2 q, word
 //   36 (8 r + g) + 16 n + 2 p + q / 2; 36 = 4 (mod 32), so the 32 lanes touch 16 words in 16 distinct
 //   banks (lanes 2i, 2i + 1 share a word: no conflict).
-// - Rows >= m_end (the next expert's, or padding) are computed but never stored (their A scales are 0).
-template <bool kCoherentScales>
-__device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulator)[2][64], uint8_t* staging_base,
+// - Rows >= m_end (the next expert's, or padding) are never stored; a warp whose 16 rows (or second 8) are
+//   all >= m_end skips their activation and quantization (warp-uniform branch), and a warp without any
+//   valid row issues no bulk group.
+// - Two passes per warp (activate + amax of both row halves, then weight + quantize + stage) so that a
+//   `combine` step can sit between them (kHalves = 1 below); same per-element operations as one pass.
+//
+// v11 GEMM 1 small (sm90_fp8_wide_gemm1.cuh, docs/grouped_gemm.md "v11 GEMM 1 small"): kHalves = 1, the
+// math warpgroup holds ONE n-half of a 64 x 256 tile (64 outputs of its rows: output columns out_col0 +
+// [0, 64) of block n_tile), and the row's amax over the block's 128 outputs needs the other warpgroup's
+// half: `combine` (RowsAmaxExchange) merges the per-row partial amax of both through shared memory between
+// the activation pass and the quantization pass. kHalves = 2 (v9, v11): combine is RowsAmaxLocal (nothing).
+struct RowsAmaxLocal {
+  __device__ __forceinline__ void operator()(float (&)[2]) const {}
+};
+
+// Per-row amax exchange of the v11 GEMM-1 small tile (both math warpgroups hold the same 64 rows, warpgroup w
+// the outputs [64 w, 64 w + 64) of the row's 128).
+// NOTES:
+// - mine / other: [64] floats (tile row -> this / the other warpgroup's partial amax), double-buffered by the
+//   CTA's tile parity (the caller flips it per tile): a warpgroup writes the buffer of tile t + 2 only after
+//   the barrier of tile t + 1, which the other warpgroup reaches only after its reads of tile t (program
+//   order), so one named barrier per tile orders both hazards.
+// - Lane q == 0 of a quad writes its two rows; every lane reads them back (a quad reads one address).
+// - fmaxf is exact and order-free: max(max over my 64, max over the other 64) = v9's max over the 128.
+// - Named barrier `barrier_id`, 256 threads (both math warpgroups), once per tile: every math warp calls
+//   the epilogue for every tile (also warps without valid rows).
+struct RowsAmaxExchange {
+  float* mine;
+  const float* other;
+  int row0;  // tile row of this thread's fragment row 0 (16 warp + lane / 4); its second row is + 8
+  uint32_t barrier_id;
+  __device__ __forceinline__ void operator()(float (&amax)[2]) const {
+    if (threadIdx.x % 4 == 0) {
+      mine[row0] = amax[0];
+      mine[row0 + 8] = amax[1];
+    }
+    named_barrier_sync(barrier_id, 256);
+    amax[0] = fmaxf(amax[0], other[row0]);
+    amax[1] = fmaxf(amax[1], other[row0 + 8]);
+  }
+};
+
+template <bool kCoherentScales, int kHalves = 2, class AmaxCombine = RowsAmaxLocal>
+__device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulator)[kHalves][64], uint8_t* staging_base,
                                                                int first_row, int m_end, int n_tile, int out_cols,
                                                                const float* topk_weights, uint8_t* out,
                                                                float* out_scales, int activation, float limit,
-                                                               float alpha) {
+                                                               float alpha, int out_col0 = 0,
+                                                               const AmaxCombine& combine = AmaxCombine{}) {
+  static_assert(kHalves == 1 || kHalves == 2, "one or both n-halves of the tile");
   const int lane = threadIdx.x % 32;
   const int q = lane % 4;
-  const int warp_row = first_row + 16 * ((threadIdx.x / 32) % 4);  // global row of staging row 0
-  uint8_t* staging = staging_base + (threadIdx.x / 32 - 4) * 16 * kFp8StagingPitch;
-  bulk_wait_all_read();
-  __syncwarp();
+  // The warp index as a broadcast: the compiler then knows the skips below are warp-uniform branches (with a
+  // per-thread threadIdx.x / 32 it treated them as divergent, and the callers' k loops lost their uniform
+  // descriptor arithmetic: 26 -> 146 R2UR in v11 GEMM 1).
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  const int warp_row = first_row + 16 * (warp % 4);  // global row of staging row 0
+  uint8_t* staging = staging_base + (warp - 4) * 16 * kFp8StagingPitch;
+  // Warp-uniform: a warp (or its second 8-row half) without a row of the expert skips its activations and
+  // stores (those rows are never stored; the amax it hands to `combine` is then 0, read only for rows that
+  // are never stored either).
+  const bool rows_here[2] = {warp_row < m_end, warp_row + 8 < m_end};
+  float amax[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float amax = 0.0f;
+    if (!rows_here[r]) continue;
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < kHalves; ++n)
 #pragma unroll
       for (int p = 0; p < 8; ++p)
 #pragma unroll
@@ -1129,17 +1191,25 @@ __device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulat
           const float value = activate(accumulator[n][8 * p + 2 * r + c], accumulator[n][8 * p + 4 + 2 * r + c],
                                        activation, limit, alpha);
           accumulator[n][8 * p + 2 * r + c] = value;
-          amax = fmaxf(amax, fabsf(value));
+          amax[r] = fmaxf(amax[r], fabsf(value));
         }
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 1));
+    amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 2));
+  }
+  combine(amax);
+  if (!rows_here[0]) return;  // no bulk copies issued: nothing to commit
+  bulk_wait_all_read();
+  __syncwarp();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!rows_here[r]) continue;
     const int row = warp_row + 8 * r + lane / 4;
     const bool valid = row < m_end;
     const float weight = topk_weights && valid ? load_scale<kCoherentScales>(topk_weights + row) : 1.0f;
-    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax, fabsf(weight)), 1e-10f), 448.0f);
+    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[r], fabsf(weight)), 1e-10f), 448.0f);
     const uint32_t row_base = smem_address(staging + (8 * r + lane / 4) * kFp8StagingPitch + 2 * q);
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < kHalves; ++n)
 #pragma unroll
       for (int p = 0; p < 8; ++p) {
         const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[n][8 * p + 2 * r], weight), scale),
@@ -1153,8 +1223,8 @@ __device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulat
   if (lane < 16) {
     const int row = warp_row + lane;
     if (row < m_end)
-      bulk_copy_shared_to_global(out + static_cast<int64_t>(row) * out_cols + n_tile * 128,
-                                 staging + lane * kFp8StagingPitch, 128);
+      bulk_copy_shared_to_global(out + static_cast<int64_t>(row) * out_cols + n_tile * 128 + out_col0,
+                                 staging + lane * kFp8StagingPitch, 64 * kHalves);
     bulk_commit_group();
   }
 }

@@ -30,6 +30,14 @@
 //   epilogue's amax / scale of a row use only that row (quad shuffles over its own 4 lanes).
 // - Shared memory (1024 experts): 196,608 tiles + 18,432 FP8 row staging + 2,080 scales (cp.async: 4 x 130
 //   floats; TMA: 2,048 ring + 32 B scales) + 64 barriers + 12,300 tile table + 1,024 slack = 230,508 B.
+//
+// v11 GEMM 1 small (kBlockMValue = 64; docs/grouped_gemm.md "v11 GEMM 1 small"): the same kernel with a 64 x 256
+// tile whose math warpgroups split N (warpgroup w = packed columns [128 w, 128 w + 128): gate and up of outputs
+// [64 w, 64 w + 64)), for experts of <= ~56 rows, where the 128-row tile leaves one math warpgroup idle. Producer
+// warpgroup unchanged; math: wide_gemm1_small_math (NOTES there). Shared memory (1024 experts): 163,840 tiles +
+// 32,768 staging (the spread epilogue's FP32 gate / up of 32 rows; the 18,432 B FP8 row staging inside it) +
+// 1,024 A-scale ring + 32 B scales (cp.async: 1,056 scale slots) + 1,024 amax exchange + 64 barriers + 12,300
+// tile table + 1,024 slack = 212,076 B (both scale paths).
 #pragma once
 
 #include <cuda.h>
@@ -43,9 +51,12 @@ namespace megamoe::kernels::sm90 {
 
 // Member names as Fp8GemmShared, produce_fp8_tile_trimmed, produce_fp8_scales and the v11 kTmaScales
 // producers read them (WideFp8Layout's scheme with v9's FP8 row staging instead of BF16 staging).
-template <bool kTmaScalesValue>
+// kBlockMValue 128: v11 GEMM 1 (split-M); 64: v11 GEMM 1 small (split-N, "small" NOTES below), which adds the
+// per-row amax exchange ([2 tile parities][2 math warpgroups][64 rows] floats, 1 KiB) after the scales.
+template <bool kTmaScalesValue, int kBlockMValue = 128>
 struct WideGemm1Layout {
-  static constexpr int kBlockM = 128;
+  static_assert(kBlockMValue == 128 || kBlockMValue == 64, "128 x 256 (split-M) or 64 x 256 (split-N small)");
+  static constexpr int kBlockM = kBlockMValue;
   static constexpr int kBlockN = 256;  // packed gate/up columns: 128 outputs
   static constexpr int kStageCount = 4;
   static constexpr bool kScalesInShared = true;
@@ -58,7 +69,11 @@ struct WideGemm1Layout {
   // 8 math warps x 16 rows x kFp8StagingPitch.
   static constexpr int kStagingOffset = kTilesBytes;
   static constexpr int kFp8RowStagingBytes = kMathWarpgroups * 4 * 16 * kFp8StagingPitch;
-  static constexpr int kStagingBytes = kFp8RowStagingBytes;
+  // The small tile's spread epilogue (tiles of <= kSpreadRows rows; swiglu_quant_fp8_spread_epilogue, kInterleaved)
+  // stages FP32 gate / up blocks of kSpreadRows rows in the same region (32 KiB): the region is the larger of the two.
+  static constexpr int kSpreadRows = kBlockM == 64 ? 32 : 0;
+  static constexpr int kSpreadBytes = 2 * kSpreadRows * 128 * 4;
+  static constexpr int kStagingBytes = kFp8RowStagingBytes > kSpreadBytes ? kFp8RowStagingBytes : kSpreadBytes;
   static constexpr int kScaleGroupKBlocks = 4;
   static constexpr int kAScaleGroupBytes = kBlockM * kScaleGroupKBlocks * 4;
   static constexpr int kAScaleGroups = (kStageCount + kScaleGroupKBlocks - 1) / kScaleGroupKBlocks;
@@ -70,24 +85,28 @@ struct WideGemm1Layout {
   static constexpr int kBScaleIndex = kTmaScales ? 0 : kBlockM;  // [+0] gate block, [+1] up block
   static constexpr int kScalesOffset = kAScaleRingOffset + kAScaleRingBytes;
   static constexpr int kScalesBytes = (kStageCount * kScaleFloats * 4 + 15) / 16 * 16;
-  static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
+  static constexpr int kAmaxOffset = kScalesOffset + kScalesBytes;
+  static constexpr int kAmaxBytes = kBlockM == 64 ? 2 * kMathWarpgroups * 64 * 4 : 0;
+  static constexpr int kBarrierOffset = kAmaxOffset + kAmaxBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStageCount * 8;
   static constexpr int shared_bytes(int num_experts) { return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts); }
 };
 
 // One k-block of one math warpgroup after its `full` wait: v9's two groups (fp8_kblock_groups, kGroupsN 2,
 // one sub-tile) with the uniform descriptor words a_low / b_low of this stage, the stage's gate / up B scales
-// from `slot` (+ kBScaleIndex) and this thread's two rows' A scales. Releases the stage after group 1's wait
-// and advances stage / phase.
-template <class Layout>
-__device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[2][64], float (&partial)[64],
+// from `slot` (+ kBScaleIndex) and this thread's two rows' A scales. Releases the stage after the last group's
+// wait and advances stage / phase. kHalves = 1 (the small tile): only the group of the n-half b_low points at
+// (the caller offsets b_low by its warpgroup's 128 packed rows), with the same promotion (gate scale on even
+// 8-column groups j, up scale on odd: every n-half has the same interleave).
+template <class Layout, int kHalves = 2>
+__device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[kHalves][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem, const float* slot,
                                                   float scale_a0, float scale_a1, uint32_t a_low, uint32_t b_low,
                                                   int& stage, uint32_t& phase) {
   const int lane = threadIdx.x % 32;
   const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < kHalves; ++h) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
     wgmma_fence();
@@ -100,7 +119,7 @@ __device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[2][64], f
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-    if (h == 1) {
+    if (h == kHalves - 1) {
       if (lane == 0) barrier_arrive(&smem.empty[stage]);
       stage = stage + 1 == Layout::kStageCount ? 0 : stage + 1;
       phase ^= stage == 0 ? 1u : 0u;
@@ -124,13 +143,13 @@ __device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[2][64], f
 // words of this warpgroup's A rows and the B tile; scale_row: this thread's first fragment row in the tile.
 // kTmaScales: k-blocks in groups of 4 with the group's A scales loaded at its first k-block (as
 // wide_fp8_tile_mainloop_tma_scales); otherwise per k-block from the stage's slot.
-template <class Layout>
-__device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[2][64], float (&partial)[64],
+template <class Layout, int kHalves = 2>
+__device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[kHalves][64], float (&partial)[64],
                                                          const Fp8GemmShared<Layout>& smem, int k_blocks,
                                                          uint32_t a_descriptor0, uint32_t b_descriptor0, int scale_row,
                                                          int& stage, uint32_t& phase, int& scale_slot) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < kHalves; ++h)
 #pragma unroll
     for (int i = 0; i < 64; ++i) accumulator[h][i] = 0.0f;
   if constexpr (Layout::kTmaScales) {
@@ -149,7 +168,7 @@ __device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[2]
           scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
         }
         const float* slot = smem.scales + stage * Layout::kScaleFloats;
-        wide_gemm1_kblock<Layout>(accumulator, partial, smem, slot, float4_lane(scales_a0, j),
+        wide_gemm1_kblock<Layout, kHalves>(accumulator, partial, smem, slot, float4_lane(scales_a0, j),
                                   float4_lane(scales_a1, j), a_descriptor0 + stage * (Layout::kABytes >> 4),
                                   b_descriptor0 + stage * (Layout::kBBytes >> 4), stage, phase);
       }
@@ -160,21 +179,94 @@ __device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[2]
       barrier_wait(&smem.full[stage], phase);
       const float* slot = smem.scales + stage * Layout::kScaleFloats;
       const float scale_a0 = slot[scale_row], scale_a1 = slot[scale_row + 8];
-      wide_gemm1_kblock<Layout>(accumulator, partial, smem, slot, scale_a0, scale_a1,
+      wide_gemm1_kblock<Layout, kHalves>(accumulator, partial, smem, slot, scale_a0, scale_a1,
                                 a_descriptor0 + stage * (Layout::kABytes >> 4),
                                 b_descriptor0 + stage * (Layout::kBBytes >> 4), stage, phase);
     }
   }
 }
 
+// v11 GEMM 1 small: the math warpgroups of a 64 x 256 tile (Layout::kBlockM == 64). Both hold the tile's 64 rows;
+// warpgroup w runs the n-half w (packed columns [128 w, 128 w + 128): gate and up of outputs [64 w, 64 w + 64) of
+// block n_tile, interleaved by 8) with v11 GEMM 1's k-block (kHalves = 1), then swiglu_quant_fp8_rows_epilogue
+// with kHalves = 1 and the per-row amax exchange (RowsAmaxExchange, named barrier kSmallAmaxBarrier); tiles of
+// <= kSpreadRows (32) rows with params.swiglu_spread (MEGAMOE_SWIGLU_SPREAD, default on) take the spread epilogue
+// instead (kInterleaved: all 8 math warps finish whole rows, as the split-N 64-row tile does).
+// NOTES:
+// - Bit-identical to v9 / v11: an element's 128-K partial comes from the same 4 wgmma k32 steps (m64n128k32 on
+//   the same A rows and B rows; the partial does not depend on which warpgroup issues it or at which A row
+//   offset the 64 rows sit), promoted with the same (scale_a * gate / up scale) FFMA in the same k order; the
+//   epilogue's per-element operations are v9's, the amax an exact max over the same 128 values.
+// - Both math warpgroups run every tile (every tile holds >= 1 row of its expert), so the named barrier of the
+//   amax exchange is reached by all 256 math threads once per tile, and the tile parity that double-buffers
+//   the exchange is the same on both sides (RowsAmaxExchange NOTES).
+// - Uniformity: math_wg / warp / per-tile values are broadcasts (as v11); b_descriptor0 includes the
+//   warpgroup's n-half offset (128 rows x 128 B = 16 KiB: >> 4 = 1024 in the descriptor's address word).
+// - The amax exchange buffer [parity][warpgroup][64] sits at Layout::kAmaxOffset, nothing else uses it. Every
+//   256-thread barrier between two uses of one parity orders them, the spread epilogue's three included (its
+//   tiles flip the parity too).
+// - The spread epilogue's FP32 staging (32 KiB) aliases the FP8 row staging: (a) before its writes every lane ran
+//   bulk_wait_all_read (the rows epilogue's copies of earlier tiles, issued by lanes < 16) and the spread's first
+//   barrier; (b) its last barrier (every row read) comes before any later tile's rows-epilogue staging write.
+//   It shares named barrier kSmallAmaxBarrier with the amax exchange: the branch is CTA-uniform (m0, m_end), so
+//   all 256 math threads run the same barrier sequence.
+constexpr uint32_t kSmallAmaxBarrier = 1;
+template <class Layout>
+__device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout>& smem, const ExpertTileTable& table,
+                                                      const GroupedGemmParams& params, int math_wg, int warp_in_wg,
+                                                      int lane, int k_blocks, int n_tiles, int total_tiles) {
+  static_assert(Layout::kBlockM == 64, "the small tile");
+  const int row_in_tile = warp_in_wg * 16 + lane / 4;  // this thread's fragment row 0 (both warpgroups)
+  const uint32_t a_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles)), 0);
+  const uint32_t b_descriptor0 = __shfl_sync(
+      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + math_wg * 128 * kBlockK)), 0);
+  float* const amax_buffer = reinterpret_cast<float*>(smem.a_tiles + Layout::kAmaxOffset);
+  int stage = 0;
+  uint32_t phase = 0;
+  int scale_slot = 0;
+  int expert = 0;
+  int parity = 0;
+  float accumulator[1][64];
+  float partial[64];
+  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const TileCoordinates t = locate_tile(table, tile, n_tiles, Layout::kBlockM, expert);
+    const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
+    const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
+    const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
+    expert = __shfl_sync(0xffffffffu, expert, 0);
+    wide_gemm1_tile_mainloop<Layout, 1>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
+                                        row_in_tile, stage, phase, scale_slot);
+    if (params.swiglu_spread && m_end - m0 <= Layout::kSpreadRows) {  // CTA-uniform
+      // The spread epilogue's staging aliases the FP8 row staging: every lane's earlier bulk copies (the rows
+      // epilogue's, lanes < 16) have read it before the spread epilogue's first barrier.
+      bulk_wait_all_read();
+      swiglu_quant_fp8_spread_epilogue<Layout::kSpreadRows, false, false, true>(
+          accumulator[0], reinterpret_cast<float*>(smem.fp8_row_staging), math_wg, m0, m_end - m0, n_tile,
+          params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out), params.out_scales, params.activation,
+          params.limit, params.alpha, kSmallAmaxBarrier);
+    } else {
+      float* const exchange = amax_buffer + parity * (2 * 64);
+      const RowsAmaxExchange combine{exchange + math_wg * 64, exchange + (1 - math_wg) * 64, row_in_tile,
+                                     kSmallAmaxBarrier};
+      swiglu_quant_fp8_rows_epilogue<false, 1>(accumulator, smem.fp8_row_staging, m0, m_end, n_tile, params.n / 2,
+                                               params.topk_weights, static_cast<uint8_t*>(params.out),
+                                               params.out_scales, params.activation, params.limit, params.alpha,
+                                               64 * math_wg, combine);
+    }
+    parity ^= 1;
+  }
+  bulk_wait_all();  // the epilogue's bulk copies
+}
+
 // params as the v9 launch (grouped_gemm1_fp8): n = 2 intermediate (packed), k = hidden, out E4M3 [rows, n / 2],
 // out_scales [rows, n / 256], activation / limit / alpha, topk_weights. scale_map: the A scales as bytes
-// (kTmaScales only).
-template <bool kTmaScales>
+// (kTmaScales only). kBlockMValue: 128 (v11 GEMM 1) or 64 (v11 GEMM 1 small); the producer warpgroup's code is
+// the same for both (the tile height enters through Layout), the math warpgroups' differs (split-M vs split-N).
+template <bool kTmaScales, int kBlockMValue = 128>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                                const __grid_constant__ CUtensorMap scale_map, const GroupedGemmParams params) {
-  using Layout = WideGemm1Layout<kTmaScales>;
+  using Layout = WideGemm1Layout<kTmaScales, kBlockMValue>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
   constexpr int kStages = Layout::kStageCount;
@@ -239,41 +331,47 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int math_wg = warpgroup - 1;
   const int lane = threadIdx.x % 32;
   const int warp_in_wg = warp % 4;
-  const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale row of fragment row 0
-  const uint32_t a_descriptor0 = __shfl_sync(
-      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
-  const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
+  if constexpr (kBlockM == 64) {
+    wide_gemm1_small_math(smem, table, params, math_wg, warp_in_wg, lane, k_blocks, n_tiles, total_tiles);
+  } else {
+    const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale row of fragment row 0
+    const uint32_t a_descriptor0 = __shfl_sync(
+        0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
+    const uint32_t b_descriptor0 =
+        __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
 
-  int stage = 0;
-  uint32_t phase = 0;
-  int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
-  int expert = 0;
-  float accumulator[2][64];
-  float partial[64];
-  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
-    const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
-    const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
-    const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
-    expert = __shfl_sync(0xffffffffu, expert, 0);
-    if (m_end - m0 <= 64 * math_wg) {  // none of this warpgroup's rows: release every stage unread
+    int stage = 0;
+    uint32_t phase = 0;
+    int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
+    int expert = 0;
+    float accumulator[2][64];
+    float partial[64];
+    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+      const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+      const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
+      const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
+      const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
+      expert = __shfl_sync(0xffffffffu, expert, 0);
+      if (m_end - m0 <= 64 * math_wg) {  // none of this warpgroup's rows: release every stage unread
 #pragma unroll 1
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        barrier_wait(&smem.full[stage], phase);
-        if (lane == 0) barrier_arrive(&smem.empty[stage]);
-        stage = stage + 1 == kStages ? 0 : stage + 1;
-        phase ^= stage == 0 ? 1u : 0u;
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          barrier_wait(&smem.full[stage], phase);
+          if (lane == 0) barrier_arrive(&smem.empty[stage]);
+          stage = stage + 1 == kStages ? 0 : stage + 1;
+          phase ^= stage == 0 ? 1u : 0u;
+        }
+        if constexpr (kTmaScales)
+          scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
+        continue;
       }
-      if constexpr (kTmaScales) scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
-      continue;
+      wide_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0, scale_row,
+                                       stage, phase, scale_slot);
+      swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.fp8_row_staging, m0 + math_wg * 64, m_end, n_tile,
+                                            params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
+                                            params.out_scales, params.activation, params.limit, params.alpha);
     }
-    wide_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0, scale_row,
-                                     stage, phase, scale_slot);
-    swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.fp8_row_staging, m0 + math_wg * 64, m_end, n_tile,
-                                          params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
-                                          params.out_scales, params.activation, params.limit, params.alpha);
+    bulk_wait_all();  // the epilogue's bulk copies
   }
-  bulk_wait_all();  // the epilogue's bulk copies
 }
 
 }  // namespace megamoe::kernels::sm90

@@ -123,6 +123,18 @@ inline bool prefer_gate_up_interleaved8(int /*hidden*/) { return true; }
 // rows hint; MEGAMOE_FP8_GEMM1_V11=0 / GroupedGemm1Fp8Args::v11 = 0 keep v9.
 inline bool prefer_fp8_gemm1_v11(int /*rows_per_expert_hint*/) { return true; }
 
+// v11 GEMM 1 small (sm90_fp8_wide_gemm1.cuh, docs/grouped_gemm.md "v11 GEMM 1 small"): the 64 x 256 tile whose two
+// math warpgroups split N, on the same kGateUpInterleaved8 weights, for rows hints in (0, kFp8Gemm1SmallRowsLimit].
+// Bit-identical to v11's 128 x 256 tile. Why: TO BE MEASURED (scripts/gpu_v11_gemm1_small.sh). Before it
+// (session 13 call 2, bench gemm, 128 experts, exact rows, µs split-N 64-row / v11 128-row): dsv3 8 rows 880 /
+// 922, 32 rows 916 / 946; ms4 511 / 558, 539 / 563; qwen3-30b 112 / 148, 126 / 150: at <= 64 rows v11's
+// 128-row tile leaves one math warpgroup idle. Default OFF until measured: the switch is kFp8Gemm1V11SmallDefault.
+// MEGAMOE_FP8_GEMM1_V11_SMALL=0/1 and GroupedGemm1Fp8Args::v11_small override it.
+constexpr bool kFp8Gemm1V11SmallDefault = false;
+inline bool prefer_fp8_gemm1_v11_small(int rows_per_expert_hint) {
+  return kFp8Gemm1V11SmallDefault && rows_per_expert_hint > 0 && rows_per_expert_hint <= kFp8Gemm1SmallRowsLimit;
+}
+
 // BF16 v2 (docs/grouped_gemm.md "BF16 v2"; sm90_bf16_grouped_gemm.cuh, sm90_bf16_wide_grouped_gemm_kernel):
 // split-M 128 x 256 with one wgmma m64n256k16 per 16 K per math warpgroup, 4 stages, bulk-store epilogue
 // with 32 staging rows. GEMM 2 / plain: every rows hint > 64 (and unknown) on n % 256 == 0; <= 64 rows

@@ -313,3 +313,16 @@ TEST(GroupedGemmHeuristics, Fp8Gemm1SmallTileOnlyUpToAMeanOf56Rows) {
   EXPECT_EQ(choose_gate_up_tile(64, 256, 4096, 132).sub_tiles_m, 1);  // the default limit (BF16, W4A8)
   EXPECT_EQ(choose_gate_up_tile(0, 256, 4096, 132, kFp8Gemm1SmallRowsLimit).sub_tiles_m, 2);
 }
+
+// v11 GEMM 1 small (docs/grouped_gemm.md "v11 GEMM 1 small"): on kGateUpInterleaved8 weights the 64 x 256 split-N tile
+// for rows hints in (0, kFp8Gemm1SmallRowsLimit] once kFp8Gemm1V11SmallDefault is switched on (off until measured);
+// never for an unknown hint or above the limit.
+TEST(GroupedGemmHeuristics, Fp8Gemm1V11SmallOnlyForSmallKnownHints) {
+  using namespace megamoe::kernels::sm90;
+  for (const int hint : {-1, 0, 1, 8, 32, 56, 57, 64, 128, 4096}) {
+    const bool in_window = hint > 0 && hint <= kFp8Gemm1SmallRowsLimit;
+    EXPECT_EQ(prefer_fp8_gemm1_v11_small(hint), kFp8Gemm1V11SmallDefault && in_window) << "hint " << hint;
+  }
+  EXPECT_FALSE(prefer_fp8_gemm1_v11_small(0));
+  EXPECT_FALSE(prefer_fp8_gemm1_v11_small(kFp8Gemm1SmallRowsLimit + 1));
+}

@@ -745,22 +745,28 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
     // v11 GEMM 1 (sm90_fp8_wide_gemm1.cuh) on the same v9 weights: v9's partials, promotion order and epilogue
     // under v11's mainloop, A scales by cp.async (switch 0) and by TMA (switch 1; used where hidden % 512 == 0,
     // else the launcher falls back): codes and scales bit-identical to v9 (and so to split-N). The v11 kernel
-    // has one schedule and ignores the v9 skew.
+    // has one schedule and ignores the v9 skew. small = 1: the v11 GEMM-1 small tile (64 x 256, the math
+    // warpgroups split N, per-row amax exchange; docs/grouped_gemm.md "v11 GEMM 1 small"), same requirement.
     for (const char* tma_scales : {"0", "1"}) {
       const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
-      args.v11 = 1;
-      const auto v11 = run_once(schedule);
-      args.v11 = 0;
-      int64_t v11_diffs = 0;
-      for (size_t i = 0; i < q.size(); ++i)
-        if (v11.first[i] != v9.first[i] && v11_diffs++ < 5)
-          ADD_FAILURE() << "v11 GEMM-1 (TMA scales " << tma_scales << ") code [" << i / intermediate << ", "
-                        << i % intermediate << "] = " << int{v11.first[i]} << ", v9 " << int{v9.first[i]};
-      EXPECT_EQ(v11_diffs, 0) << "v11 GEMM-1 vs v9 codes (TMA scales " << tma_scales << ")";
-      EXPECT_EQ(std::memcmp(v11.second.data(), v9.second.data(), v9.second.size() * sizeof(float)), 0)
-          << "v11 GEMM-1 and v9 scales differ (TMA scales " << tma_scales << ")";
-      std::printf("gemm1 v11 (TMA scales %s) vs v9: %lld / %zu codes differ\n", tma_scales,
-                  static_cast<long long>(v11_diffs), q.size());
+      for (const int small : {0, 1}) {
+        const char* what = small ? "v11 small" : "v11";
+        args.v11 = 1;
+        args.v11_small = small;
+        const auto v11 = run_once(schedule);
+        args.v11 = 0;
+        args.v11_small = -1;
+        int64_t v11_diffs = 0;
+        for (size_t i = 0; i < q.size(); ++i)
+          if (v11.first[i] != v9.first[i] && v11_diffs++ < 5)
+            ADD_FAILURE() << what << " GEMM-1 (TMA scales " << tma_scales << ") code [" << i / intermediate << ", "
+                          << i % intermediate << "] = " << int{v11.first[i]} << ", v9 " << int{v9.first[i]};
+        EXPECT_EQ(v11_diffs, 0) << what << " GEMM-1 vs v9 codes (TMA scales " << tma_scales << ")";
+        EXPECT_EQ(std::memcmp(v11.second.data(), v9.second.data(), v9.second.size() * sizeof(float)), 0)
+            << what << " GEMM-1 and v9 scales differ (TMA scales " << tma_scales << ")";
+        std::printf("gemm1 %s (TMA scales %s) vs v9: %lld / %zu codes differ\n", what, tma_scales,
+                    static_cast<long long>(v11_diffs), q.size());
+      }
     }
     args.v11 = -1;
     args.weights = w.as<uint8_t>();
@@ -942,6 +948,23 @@ TEST(GroupedGemmFp8, Gemm1V11ManyTilesPerCta) {
   std::vector<int> most(1024);
   for (int e = 0; e < 1024; ++e) most[e] = e % 97 == 3 ? large(rng) : tiny(rng);
   run_gemm1(most, 512, 128, 68, Activation{}, true, true, 0, Fp8GemmSchedule::kSerial, false);
+}
+
+// v11 GEMM 1 small (64 x 256 split-N tile on the interleaved weights; run_gemm1 runs it next to v11 with the
+// TMA-scale switch off and on and requires v9's codes and scales bit for bit, outputs poisoned before every launch):
+// experts of 0 / 1 / 63 / 64 / 65 / 129 rows (one expert over two and three 64-row tiles, tiles of 1 row), K 384
+// (cp.async scales), 2048 and 7168 (TMA scales), SiLU and clamped SwiGLU, with and without the top-k weight, exact
+// inputs (also bit-identical to the device arithmetic through split-N) and random ones (fp64 bounds).
+TEST(GroupedGemmFp8, Gemm1V11SmallTile) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const std::vector<int> counts{0, 1, 63, 64, 65, 129, 8, 0};
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  run_gemm1(counts, 384, 256, 91, Activation{}, true, true, 8, Fp8GemmSchedule::kAuto, false);
+  run_gemm1(counts, 384, 384, 92, clamped, false, true, 0, Fp8GemmSchedule::kAuto, false);
+  run_gemm1(counts, 2048, 256, 93, clamped, true, true, 32, Fp8GemmSchedule::kAuto, false);
+  run_gemm1(counts, 2048, 384, 94, Activation{}, false, false, 0);
+  run_gemm1(counts, 7168, 256, 95, Activation{}, true, false, 8);
+  run_gemm1(counts, 7168, 256, 96, clamped, false, true, 0, Fp8GemmSchedule::kAuto, false);
 }
 
 // Tail-trimmed A loads (produce_fp8_tile_trimmed, the default) and whole-box loads
@@ -1283,6 +1306,15 @@ TEST(GroupedGemmFp8, RejectsBadGemm1Packing) {
     ADD_FAILURE() << "GEMM-1 v11 = 2 accepted";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("GroupedGemm1Fp8Args::v11 = 2"), std::string::npos) << error.what();
+  }
+  args.v11 = 1;
+  args.v11_small = 2;  // v11 GEMM 1 small: -1, 0 or 1
+  try {
+    kernels::grouped_gemm1_fp8(args, nullptr);
+    ADD_FAILURE() << "GEMM-1 v11_small = 2 accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("GroupedGemm1Fp8Args::v11_small = 2"), std::string::npos)
+        << error.what();
   }
 }
 

@@ -27,6 +27,10 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                                     "FP8 GEMM 1 v11 (interleaved weights): off, on (main column; needs --gemm1-v9 "
                                     "on), both (v11 timed right after the main column and the v9 rows per point)")
                          ->check(CLI::IsMember({"off", "on", "both"}));
+                     app.add_option("--gemm1-v11-small", options->gemm1_v11_small,
+                                    "FP8 GEMM 1 v11 small tile (64 x 256, split-N): off, on (every v11 run), both "
+                                    "(row v11_small right after the v11 row; needs --gemm1-v11 on or both)")
+                         ->check(CLI::IsMember({"off", "on", "both"}));
                      app.add_option("--bf16-v2", options->bf16_v2,
                                     "BF16 kernels (--format bf16): auto (library default), off (v1), on (v2: wide "
                                     "128 x 256 tiles, bulk stores), both (off in the main columns, v2 right after it)")
