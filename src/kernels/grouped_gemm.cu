@@ -258,7 +258,9 @@ void grouped_gemm1_fp8(const GroupedGemm1Fp8Args& args, cudaStream_t stream) {
     MEGAMOE_CHECK(args.v11 >= -1 && args.v11 <= 1, "GroupedGemm1Fp8Args::v11 = ", args.v11, " must be -1, 0 or 1");
     MEGAMOE_CHECK(args.v11_small >= -1 && args.v11_small <= 1, "GroupedGemm1Fp8Args::v11_small = ", args.v11_small,
                   " must be -1, 0 or 1");
-    if (args.v11 == 1 || (args.v11 == -1 && detail::env_switch("MEGAMOE_FP8_GEMM1_V11", sm90::prefer_fp8_gemm1_v11(args.rows_per_expert_hint)))) {
+    if (args.v11 == 1 ||
+        (args.v11 == -1 &&
+         detail::env_switch("MEGAMOE_FP8_GEMM1_V11", sm90::prefer_fp8_gemm1_v11(args.rows_per_expert_hint)))) {
       // docs/grouped_gemm.md "v11 GEMM 1" and "v11 GEMM 1 small"
       const bool small = args.v11_small == 1 ||
                          (args.v11_small == -1 &&

@@ -125,12 +125,14 @@ inline bool prefer_fp8_gemm1_v11(int /*rows_per_expert_hint*/) { return true; }
 
 // v11 GEMM 1 small (sm90_fp8_wide_gemm1.cuh, docs/grouped_gemm.md "v11 GEMM 1 small"): the 64 x 256 tile whose two
 // math warpgroups split N, on the same kGateUpInterleaved8 weights, for rows hints in (0, kFp8Gemm1SmallRowsLimit].
-// Bit-identical to v11's 128 x 256 tile. Why: TO BE MEASURED (scripts/gpu_v11_gemm1_small.sh). Before it
-// (session 13 call 2, bench gemm, 128 experts, exact rows, µs split-N 64-row / v11 128-row): dsv3 8 rows 880 /
-// 922, 32 rows 916 / 946; ms4 511 / 558, 539 / 563; qwen3-30b 112 / 148, 126 / 150: at <= 64 rows v11's
-// 128-row tile leaves one math warpgroup idle. Default OFF until measured: the switch is kFp8Gemm1V11SmallDefault.
-// MEGAMOE_FP8_GEMM1_V11_SMALL=0/1 and GroupedGemm1Fp8Args::v11_small override it.
-constexpr bool kFp8Gemm1V11SmallDefault = false;
+// Bit-identical to v11's 128 x 256 tile. Measured (session 13 call 4, bench gemm, 128 experts, exact rows, best of 2
+// rounds, µs split-N 64-row / v11 / small): dsv3 8 rows 880 / 890 / 876, 32 rows 927 / 953 / 907, 64 rows 1130 / 972 /
+// 930; ms4 8: 512 / 522 / 508, 64: 752 / 570 / 545; qwen3-30b 8: 111 / 118 / 109, 32: 124 / 136 / 120, 64: 216 / 138 /
+// 123. Faster than both everywhere at 8-64 rows; staged dsv3 on one rank at 256 / 1024 tokens: -1.5% (layer).
+// NOTES: the limit stays the split-N one (56, a mean): above it the spread leaves many experts with > 64 rows, which
+// the 64-row tile reads twice; the crossover on this packing was not measured. MEGAMOE_FP8_GEMM1_V11_SMALL=0/1 and
+// GroupedGemm1Fp8Args::v11_small override it.
+constexpr bool kFp8Gemm1V11SmallDefault = true;
 inline bool prefer_fp8_gemm1_v11_small(int rows_per_expert_hint) {
   return kFp8Gemm1V11SmallDefault && rows_per_expert_hint > 0 && rows_per_expert_hint <= kFp8Gemm1SmallRowsLimit;
 }

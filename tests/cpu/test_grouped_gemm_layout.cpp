@@ -315,14 +315,15 @@ TEST(GroupedGemmHeuristics, Fp8Gemm1SmallTileOnlyUpToAMeanOf56Rows) {
 }
 
 // v11 GEMM 1 small (docs/grouped_gemm.md "v11 GEMM 1 small"): on kGateUpInterleaved8 weights the 64 x 256 split-N tile
-// for rows hints in (0, kFp8Gemm1SmallRowsLimit] once kFp8Gemm1V11SmallDefault is switched on (off until measured);
-// never for an unknown hint or above the limit.
+// for rows hints in (0, kFp8Gemm1SmallRowsLimit] (on since session 13 call 4, kFp8Gemm1V11SmallDefault); never for an
+// unknown hint or above the limit.
 TEST(GroupedGemmHeuristics, Fp8Gemm1V11SmallOnlyForSmallKnownHints) {
   using namespace megamoe::kernels::sm90;
   for (const int hint : {-1, 0, 1, 8, 32, 56, 57, 64, 128, 4096}) {
     const bool in_window = hint > 0 && hint <= kFp8Gemm1SmallRowsLimit;
     EXPECT_EQ(prefer_fp8_gemm1_v11_small(hint), kFp8Gemm1V11SmallDefault && in_window) << "hint " << hint;
   }
+  EXPECT_TRUE(prefer_fp8_gemm1_v11_small(8));
   EXPECT_FALSE(prefer_fp8_gemm1_v11_small(0));
   EXPECT_FALSE(prefer_fp8_gemm1_v11_small(kFp8Gemm1SmallRowsLimit + 1));
 }
