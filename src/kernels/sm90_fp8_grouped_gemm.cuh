@@ -547,17 +547,12 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
   for (int g = 0; g < Layout::kGroups; ++g) {
     const int s = g / kGroupsN, n = g % kGroupsN;
     if (s > 0 && s >= active_sub_tiles) break;
-    float scale_a0, scale_a1, scale_b0, scale_b1;
+    float group_a0 = 0.0f, group_a1 = 0.0f, group_b0 = 0.0f, group_b1 = 0.0f;  // kScalesPerGroup only
     if constexpr (kScalesPerGroup) {
-      scale_a0 = scale_slot[scale_row + 64 * s];
-      scale_a1 = scale_slot[scale_row + 64 * s + 8];
-      scale_b0 = scale_slot[b_slot];
-      scale_b1 = scale_slot[b_slot + 1];
-    } else {
-      scale_a0 = scale_a[s][0];
-      scale_a1 = scale_a[s][1];
-      scale_b0 = scale_b[n][0];
-      scale_b1 = scale_b[n][1];
+      group_a0 = scale_slot[scale_row + 64 * s];
+      group_a1 = scale_slot[scale_row + 64 * s + 8];
+      group_b0 = scale_slot[b_slot];
+      group_b1 = scale_slot[b_slot + 1];
     }
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
@@ -577,8 +572,11 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
       if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
       cursor.advance();
     }
-    const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
-    const float scale10 = scale_a1 * scale_b0, scale11 = scale_a1 * scale_b1;
+    // The same products either way (kScalesPerGroup only changes where the four factors come from).
+    const float scale00 = kScalesPerGroup ? group_a0 * group_b0 : scale_a[s][0] * scale_b[n][0];
+    const float scale01 = kScalesPerGroup ? group_a0 * group_b1 : scale_a[s][0] * scale_b[n][1];
+    const float scale10 = kScalesPerGroup ? group_a1 * group_b0 : scale_a[s][1] * scale_b[n][0];
+    const float scale11 = kScalesPerGroup ? group_a1 * group_b1 : scale_a[s][1] * scale_b[n][1];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float scale0 = j % 2 ? scale01 : scale00, scale1 = j % 2 ? scale11 : scale10;
@@ -620,19 +618,18 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
   for (int kb = 0; kb < k_blocks; ++kb) {
     barrier_wait(&smem.full[cursor.stage], cursor.phase);
     const float* slot = smem.scales + cursor.stage * Layout::kScaleFloats;
-    float scale_a[kSubTilesM][2] = {};
-    float scale_b[Layout::kGroupsN][2] = {};  // fp8_kblock_groups: [n-half][8-column group parity]
-    if constexpr (!kSplitNGatePairs) {  // kSplitNGatePairs: read per group (fp8_kblock_groups kScalesPerGroup)
+    // kSplitNGatePairs: not read here but per group (fp8_kblock_groups kScalesPerGroup).
+    float scale_a[kSubTilesM][2];
 #pragma unroll
-      for (int s = 0; s < kSubTilesM; ++s)
+    for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) scale_a[s][h] = slot[first_row + 64 * s + 8 * h];
+      for (int h = 0; h < 2; ++h) scale_a[s][h] = kSplitNGatePairs ? 0.0f : slot[first_row + 64 * s + 8 * h];
+    float scale_b[Layout::kGroupsN][2];  // fp8_kblock_groups: [n-half][8-column group parity]
 #pragma unroll
-      for (int n = 0; n < Layout::kGroupsN; ++n) {
-        // v9: gate block (even groups) and up block (odd groups) of the tile, for both n-halves.
-        scale_b[n][0] = slot[b_slot];
-        scale_b[n][1] = slot[kGatePairs ? b_slot + 1 : b_slot];
-      }
+    for (int n = 0; n < Layout::kGroupsN; ++n) {
+      // v9: gate block (even groups) and up block (odd groups) of the tile, for both n-halves.
+      scale_b[n][0] = kSplitNGatePairs ? 0.0f : slot[b_slot];
+      scale_b[n][1] = kSplitNGatePairs ? 0.0f : slot[kGatePairs ? b_slot + 1 : b_slot];
     }
     const uint32_t a_stage = kmajor_sw128_descriptor_low(smem_address(
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
