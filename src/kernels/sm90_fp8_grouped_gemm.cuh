@@ -96,8 +96,16 @@ constexpr int kFp8StagingPitch = 128 + 16;
 // kGroupsN (derived from the epilogue): 128-column wgmma groups per math warpgroup and sub-tile. 1 for
 // every layout but kSwigluInterleavedFp8 (v9: 2, the tile's two n-halves). A math warpgroup's
 // accumulator is float[kGroups][64], group g = (sub-tile g / kGroupsN, n-half g % kGroupsN).
+// kSplitNInterleaved (the fused mega kernel's FP8 GEMM 1 on kGateUpInterleaved8 weights, sm90_mega_moe.cuh):
+// a split-N SwiGLU layout (kWarpgroupsM 1, kSwigluQuantFp8, shared scales) whose GEMM-1 tiles read W13
+// interleaved by 8 as v11 GEMM 1 small does: math warpgroup w multiplies packed columns [128 w, 128 w + 128) =
+// gate AND up of outputs [64 w, 64 w + 64), promoted with the tile's gate scale on even 8-column groups and its
+// up scale on odd ones (fp8_tile_mainloop_shared_scales), and finishes them with swiglu_quant_fp8_rows_epilogue
+// (kHalves 1, per 64-row sub-tile) + the per-row amax exchange, or the spread epilogue (kInterleaved). It adds
+// the rows epilogue's FP8 row staging (18,432 B) to the region after the tiles and the amax exchange
+// ([2 parities][2 warpgroups][64 rows] floats, 1 KiB) after the scale ring. GEMM-2 tiles are unchanged.
 template <int kWarpgroupsM, int kSubTilesM, int kStages, Epilogue kEpilogue, int kStagingRows = 0,
-          bool kSharedScales = false>
+          bool kSharedScales = false, bool kSplitNInterleaved = false>
 struct GroupedGemmLayout {
   static constexpr int kWarpgroupsMValue = kWarpgroupsM;
   static constexpr int kSubTiles = kSubTilesM;
@@ -106,6 +114,9 @@ struct GroupedGemmLayout {
   static constexpr bool kGateUpInterleaved8 = kEpilogue == Epilogue::kSwigluInterleavedFp8;
   static_assert(kEpilogue != Epilogue::kSwigluInterleavedFp8 || (kWarpgroupsM == 2 && kSubTilesM == 1),
                 "v9 GEMM 1: split-M, one 64-row sub-tile per math warpgroup (128 x 256)");
+  static constexpr bool kGateUpSplitNInterleaved8 = kSplitNInterleaved;
+  static_assert(!kSplitNInterleaved || (kWarpgroupsM == 1 && kEpilogue == Epilogue::kSwigluQuantFp8 && kSharedScales),
+                "split-N GEMM 1 on interleaved W13: the fused kernel's split-N SwiGLU layout with shared scales");
   static constexpr int kStageCount = kStages;
   static constexpr int kRowsPerWarpgroup = 64 * kSubTilesM;
   static constexpr int kBlockM = kRowsPerWarpgroup * kWarpgroupsM;
@@ -133,8 +144,9 @@ struct GroupedGemmLayout {
   // v9 (kSwigluInterleavedFp8): no exchange; every math warp stages its 16 FP8 rows of a tile here for
   // the bulk copies: kMathWarpgroups x 4 warps x 16 rows x kFp8StagingPitch = 18,432 B (the 16 KiB the
   // exchange buffer took, + 2 KiB), warp v (0..7 over both math warpgroups) at v * 16 * kFp8StagingPitch.
-  static constexpr int kFp8RowStagingBytes =
-      kEpilogue == Epilogue::kSwigluInterleavedFp8 ? kMathWarpgroups * 4 * 16 * kFp8StagingPitch : 0;
+  static constexpr int kFp8RowStagingBytes = kEpilogue == Epilogue::kSwigluInterleavedFp8 || kSplitNInterleaved
+                                                 ? kMathWarpgroups * 4 * 16 * kFp8StagingPitch
+                                                 : 0;
   static constexpr int kExchangeOrFp8Bytes = kExchangeBytes > kFp8RowStagingBytes ? kExchangeBytes : kFp8RowStagingBytes;
   static constexpr int kExchangeRegionBytes = kExchangeOrFp8Bytes > kStagingBytes ? kExchangeOrFp8Bytes : kStagingBytes;
   static_assert(kStagingOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
@@ -148,7 +160,11 @@ struct GroupedGemmLayout {
   static constexpr int kScaleFloats = kBlockM + kMathWarpgroups;
   static constexpr int kScalesOffset = kTilesBytes + kExchangeRegionBytes;
   static constexpr int kScalesBytes = kSharedScales ? (kStages * kScaleFloats * 4 + 15) / 16 * 16 : 0;
-  static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
+  // kSplitNInterleaved: the per-row amax exchange of the rows epilogue (RowsAmaxExchange), [2][2][64] floats
+  // (the fused kernel: one [warpgroup][row] buffer per sub-tile).
+  static constexpr int kAmaxOffset = kScalesOffset + kScalesBytes;
+  static constexpr int kAmaxBytes = kSplitNInterleaved ? 2 * kMathWarpgroups * 64 * 4 : 0;
+  static constexpr int kBarrierOffset = kAmaxOffset + kAmaxBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
   // 1024 bytes of slack to align the base for the 128-byte swizzle; 3 int tables of E+1.
   static constexpr int shared_bytes(int num_experts) { return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts); }
@@ -505,13 +521,21 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
 // active_sub_tiles (warpgroup-uniform, 0..kSubTiles; see active_sub_tiles()): the groups of sub-tiles
 // s >= it hold no row of the expert, so their wgmma and promotions are skipped (their accumulators stay
 // 0; the epilogues never store rows past the expert's end). The stage is still released exactly once.
-template <class Layout, MathSchedule kSchedule>
+// kScalesPerGroup (the split-N interleaved GEMM-1 tiles, kSplitNGatePairs): scale_a / scale_b are not used; each
+// group reads its two A scales (slot[scale_row + 64 s + {0, 8}]) and the gate / up pair (slot[b_slot + {0, 1}])
+// from the stage's scale slot as it issues its wgmma (the slot stays valid until this warpgroup's `empty` arrival
+// after the last group's wait), so no group's scales are live across another group's MMAs: with 128 x 256 split-N
+// tiles (128 accumulators + 64 partials) the up-front pairs cost the fused kernel a spilled register. Same values,
+// same products, same FFMAs.
+template <class Layout, MathSchedule kSchedule, bool kScalesPerGroup = false>
 __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::kGroups][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
                                                   const float (&scale_a)[Layout::kSubTiles][2],
                                                   const float (&scale_b)[Layout::kGroupsN][2], uint32_t a_stage,
                                                   uint32_t b_stage, const IssueTurn& turn,
-                                                  PipelineCursor<Layout::kStageCount>& cursor, int active_sub_tiles) {
+                                                  PipelineCursor<Layout::kStageCount>& cursor, int active_sub_tiles,
+                                                  const float* scale_slot = nullptr, int scale_row = 0,
+                                                  int b_slot = 0) {
   constexpr int kGroupsN = Layout::kGroupsN;
   const int lane = threadIdx.x % 32;
   if (active_sub_tiles == 0) {  // nothing of this warpgroup's rows in the tile: release the stage unread
@@ -523,6 +547,13 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
   for (int g = 0; g < Layout::kGroups; ++g) {
     const int s = g / kGroupsN, n = g % kGroupsN;
     if (s > 0 && s >= active_sub_tiles) break;
+    float group_a0 = 0.0f, group_a1 = 0.0f, group_b0 = 0.0f, group_b1 = 0.0f;  // kScalesPerGroup only
+    if constexpr (kScalesPerGroup) {
+      group_a0 = scale_slot[scale_row + 64 * s];
+      group_a1 = scale_slot[scale_row + 64 * s + 8];
+      group_b0 = scale_slot[b_slot];
+      group_b1 = scale_slot[b_slot + 1];
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
     if constexpr (kSchedule == MathSchedule::kOrderedIssue) turn.take();
@@ -541,8 +572,11 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
       if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
       cursor.advance();
     }
-    const float scale00 = scale_a[s][0] * scale_b[n][0], scale01 = scale_a[s][0] * scale_b[n][1];
-    const float scale10 = scale_a[s][1] * scale_b[n][0], scale11 = scale_a[s][1] * scale_b[n][1];
+    // The same products either way (kScalesPerGroup only changes where the four factors come from).
+    const float scale00 = kScalesPerGroup ? group_a0 * group_b0 : scale_a[s][0] * scale_b[n][0];
+    const float scale01 = kScalesPerGroup ? group_a0 * group_b1 : scale_a[s][0] * scale_b[n][1];
+    const float scale10 = kScalesPerGroup ? group_a1 * group_b0 : scale_a[s][1] * scale_b[n][0];
+    const float scale11 = kScalesPerGroup ? group_a1 * group_b1 : scale_a[s][1] * scale_b[n][1];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const float scale0 = j % 2 ? scale01 : scale00, scale1 = j % 2 ? scale11 : scale10;
@@ -560,7 +594,7 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
 // right after `full` and before this warpgroup's `empty` arrival; the values are consumed after the
 // wgmma wait (their shared-memory latency hides under the MMAs).
 // No MathRows here: the scale warp already zero-filled the scales of rows past the expert's end.
-template <class Layout, MathSchedule kSchedule>
+template <class Layout, MathSchedule kSchedule, bool kSplitNGatePairs = false>
 __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumulator)[Layout::kGroups][64],
                                                                 float (&partial)[64], const Fp8GemmShared<Layout>& smem,
                                                                 int k_blocks, int wg_m, int wg_n,
@@ -572,7 +606,11 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
   const IssueTurn turn{Layout::kWarpgroupsMValue == 2 ? wg_m : wg_n};
   // This thread's rows inside the tile (MathRows: row_in_tile + 64 s + 8 h, row_in_tile includes wg_m).
   const int first_row = wg_m * Layout::kRowsPerWarpgroup + ((threadIdx.x % 128) / 32) * 16 + lane / 4;
-  const int b_slot = Layout::kBlockM + (Layout::kWarpgroupsMValue == 2 ? 0 : wg_n);
+  // kSplitNGatePairs (a GEMM-1 tile of a kSplitNInterleaved layout): both warpgroups read [kBlockM] (gate) and
+  // [kBlockM + 1] (up), as v9 does; otherwise a split-N warpgroup reads its own block's scale [kBlockM + wg_n].
+  static_assert(!kSplitNGatePairs || Layout::kGateUpSplitNInterleaved8, "gate/up pairs: a kSplitNInterleaved layout");
+  constexpr bool kGatePairs = Layout::kGateUpInterleaved8 || kSplitNGatePairs;
+  const int b_slot = Layout::kBlockM + (Layout::kWarpgroupsMValue == 2 || kSplitNGatePairs ? 0 : wg_n);
 #pragma unroll
   for (int g = 0; g < Layout::kGroups; ++g)
 #pragma unroll
@@ -580,24 +618,26 @@ __device__ __forceinline__ void fp8_tile_mainloop_shared_scales(float (&accumula
   for (int kb = 0; kb < k_blocks; ++kb) {
     barrier_wait(&smem.full[cursor.stage], cursor.phase);
     const float* slot = smem.scales + cursor.stage * Layout::kScaleFloats;
+    // kSplitNGatePairs: not read here but per group (fp8_kblock_groups kScalesPerGroup).
     float scale_a[kSubTilesM][2];
 #pragma unroll
     for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) scale_a[s][h] = slot[first_row + 64 * s + 8 * h];
+      for (int h = 0; h < 2; ++h) scale_a[s][h] = kSplitNGatePairs ? 0.0f : slot[first_row + 64 * s + 8 * h];
     float scale_b[Layout::kGroupsN][2];  // fp8_kblock_groups: [n-half][8-column group parity]
 #pragma unroll
     for (int n = 0; n < Layout::kGroupsN; ++n) {
       // v9: gate block (even groups) and up block (odd groups) of the tile, for both n-halves.
-      scale_b[n][0] = slot[b_slot];
-      scale_b[n][1] = slot[Layout::kGateUpInterleaved8 ? b_slot + 1 : b_slot];
+      scale_b[n][0] = kSplitNGatePairs ? 0.0f : slot[b_slot];
+      scale_b[n][1] = kSplitNGatePairs ? 0.0f : slot[kGatePairs ? b_slot + 1 : b_slot];
     }
     const uint32_t a_stage = kmajor_sw128_descriptor_low(smem_address(
         smem.a_tiles + cursor.stage * Layout::kABytes + wg_m * Layout::kRowsPerWarpgroup * kBlockK));
     const uint32_t b_stage =
         kmajor_sw128_descriptor_low(smem_address(smem.b_tiles + cursor.stage * Layout::kBBytes + wg_n * 128 * kBlockK));
-    fp8_kblock_groups<Layout, kSchedule>(accumulator, partial, smem, scale_a, scale_b, a_stage, b_stage, turn, cursor,
-                                          active_sub_tiles);
+    fp8_kblock_groups<Layout, kSchedule, kSplitNGatePairs>(accumulator, partial, smem, scale_a, scale_b, a_stage,
+                                                           b_stage, turn, cursor, active_sub_tiles, slot, first_row,
+                                                           b_slot);
     if constexpr (Layout::kGateUpInterleaved8 && kSchedule == MathSchedule::kSerial)
       if (kb + 1 == skew_hand_over_kblocks) named_barrier_arrive_order_only<kV9SkewBarrier, 256>();
   }
@@ -669,7 +709,10 @@ __device__ __forceinline__ void fp8_tile_mainloop_global_scales(
 // (both unused with Layout::kScalesInShared: the scale warp stages them). kSchedule = kOrderedIssue:
 // every wgmma group is issued between take() and hand_over() of the issue token (IssueTurn above;
 // start()/finish() are the caller's, once per kernel).
-template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial>
+// kSplitNGatePairs: the GEMM-1 tiles of a kSplitNInterleaved layout (W13 kGateUpInterleaved8 on split-N tiles:
+// gate scale on even 8-column groups, up scale on odd ones, in both warpgroups); shared scales only.
+template <class Layout, bool kCoherentScales, MathSchedule kSchedule = MathSchedule::kSerial,
+          bool kSplitNGatePairs = false>
 __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::kGroups][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
                                                   const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
@@ -683,9 +726,12 @@ __device__ __forceinline__ void fp8_tile_mainloop(float (&accumulator)[Layout::k
     fp8_tile_mainloop_half_overlap<Layout, kCoherentScales>(accumulator, smem, where, a_scales_base, b_scales,
                                                             k_blocks, wg_m, wg_n, cursor);
   else if constexpr (Layout::kScalesInShared)
-    fp8_tile_mainloop_shared_scales<Layout, kSchedule>(accumulator, partial, smem, k_blocks, wg_m, wg_n, cursor,
-                                                       active_sub_tiles, skew_hand_over_kblocks);
-  else
+    fp8_tile_mainloop_shared_scales<Layout, kSchedule, kSplitNGatePairs>(accumulator, partial, smem, k_blocks, wg_m,
+                                                                         wg_n, cursor, active_sub_tiles,
+                                                                         skew_hand_over_kblocks);
+  else if constexpr (kSplitNGatePairs) {
+    static_assert(!kSplitNGatePairs, "gate/up pairs need the shared scale ring");
+  } else
     fp8_tile_mainloop_global_scales<Layout, kCoherentScales, kSchedule>(accumulator, partial, smem, where,
                                                                         a_scales_base, b_scales, k_blocks, wg_m, wg_n,
                                                                         cursor, active_sub_tiles);

@@ -403,6 +403,67 @@ __device__ __forceinline__ const uint8_t* mega_w4a8_group_scales(const uint8_t* 
                     kScaleBytesPerRow;
 }
 
+// Whether the launch's FP8 GEMM 1 reads W13 packed kGateUpInterleaved8 (GroupedGemmLayout kSplitNInterleaved; the
+// W4A8 layouts have no such member: false).
+template <class Layout>
+constexpr bool mega_interleaved_w13() {
+  if constexpr (requires { Layout::kGateUpSplitNInterleaved8; }) return Layout::kGateUpSplitNInterleaved8;
+  else return false;
+}
+
+// FP8 GEMM-1 epilogue of a tile on W13 packed kGateUpInterleaved8 (Layout::kGateUpSplitNInterleaved8; v11 GEMM 1
+// small's pieces, sm90_fp8_wide_gemm1.cuh): math warpgroup w holds, for each of its kSubTiles 64-row sub-tiles,
+// gate AND up of outputs [64 w, 64 w + 64) of FP8 block n_tile. A 64-row tile of <= kSpreadRows rows (with
+// p.swiglu_spread) takes the spread epilogue (kInterleaved: every math warp finishes whole rows); otherwise each
+// sub-tile holding rows of the expert runs swiglu_quant_fp8_rows_epilogue (kHalves 1) with the per-row amax
+// exchanged between the warpgroups (RowsAmaxExchange, buffer [s] of Layout::kAmaxOffset for sub-tile s).
+// NOTES:
+// - Bit-identical to the kGateUp path and to staged's v11 GEMM 1 (small): every output's 128-K partials come from
+//   the same 4 wgmma k32 steps on the same A and W13 rows (the interleave only moves rows of the B tile), promoted
+//   with the same FFMA (partial * (a_scale * gate / up block scale)) in the same k order; the epilogues' per-element
+//   operations and the exact amax over the row's 128 outputs are those of swiglu_quant_fp8_finish_rows.
+// - Barriers: named barrier 1 (256 math threads), as the kGateUp epilogue. The spread / rows choice and the
+//   sub-tile skip depend on (m0, m_end) only: CTA-uniform, so both warpgroups run the same barrier sequence.
+// - Shared memory: the spread epilogue's FP32 staging (32 KiB) and the rows epilogue's FP8 row staging (18,432 B)
+//   are the exchange / GEMM-2 staging region (Layout::kExchangeRegionBytes covers both); the fused kernel ends
+//   every GEMM-1 tile with bulk_wait_all, so no earlier copy still reads it; within a tile a warp's rows-epilogue
+//   calls order their own staging reuse (bulk_wait_all_read + __syncwarp inside). The amax exchange has its own
+//   1 KiB (Layout::kAmaxOffset), one [2 warpgroups][64 rows] buffer per sub-tile instead of v11's tile parity (a
+//   parity carried across tiles cost the 128-row kernel a spilled register): within a tile the sub-tiles use
+//   different buffers; across tiles the caller's 256-thread barrier before gemm1_done (named barrier 2, after
+//   every read of this tile's buffers) orders the next tile's writes.
+template <class Layout>
+__device__ __forceinline__ void mega_gemm1_interleaved_epilogue(float (&accumulator)[Layout::kSubTiles][64],
+                                                                const sm90::Fp8GemmShared<Layout>& smem, int math_wg,
+                                                                int row_in_tile, int m0, int m_end, int n_tile, int I,
+                                                                const float* topk_weights, const MegaMoeParams& p) {
+  using namespace sm90;
+  static_assert(Layout::kGateUpSplitNInterleaved8 && Layout::kAmaxBytes >= Layout::kSubTiles * kMathWarpgroups * 64 * 4);
+  static_assert(Layout::kExchangeRegionBytes >= Layout::kFp8RowStagingBytes, "FP8 row staging in the region");
+  constexpr uint32_t kBarrier = 1;
+  constexpr int kSpreadRows = swiglu_spread_rows<Layout>();
+  const int tile_rows = m_end - m0;
+  if constexpr (kSpreadRows > 0) {
+    static_assert(Layout::kExchangeRegionBytes >= 2 * kSpreadRows * 128 * 4, "the spread staging in the region");
+    if (p.swiglu_spread && tile_rows <= kSpreadRows) {
+      swiglu_quant_fp8_spread_epilogue<kSpreadRows, true, false, true>(
+          accumulator[0], smem.exchange, math_wg, m0, tile_rows, n_tile, I, topk_weights, p.act, p.act_scales,
+          p.activation, p.limit, p.alpha, kBarrier);
+      return;
+    }
+  }
+  float* const amax_buffer = reinterpret_cast<float*>(smem.a_tiles + Layout::kAmaxOffset);
+#pragma unroll
+  for (int s = 0; s < Layout::kSubTiles; ++s) {
+    if (s > 0 && tile_rows <= 64 * s) break;  // CTA-uniform: no row of the expert in sub-tile s
+    float* const exchange = amax_buffer + s * (kMathWarpgroups * 64);
+    const RowsAmaxExchange combine{exchange + math_wg * 64, exchange + (1 - math_wg) * 64, row_in_tile, kBarrier};
+    swiglu_quant_fp8_rows_epilogue<true, 1>(reinterpret_cast<float(&)[1][64]>(accumulator[s]), smem.fp8_row_staging,
+                                            m0 + 64 * s, m_end, n_tile, I, topk_weights, p.act, p.act_scales,
+                                            p.activation, p.limit, p.alpha, 64 * math_wg, combine);
+  }
+}
+
 // Register split of the fused kernel's warpgroups (producer: TMA thread + scale warp; two math
 // warpgroups). NOTES: 168 x 384 registers per CTA (__launch_bounds__(384, 1)), so producer + 2 x math
 // <= 504 (sm90_fp8_grouped_gemm.cuh: a larger producer share hangs setmaxnreg.inc).
@@ -443,6 +504,9 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
   if constexpr (kW4a8)
     static_assert(Layout::kFp4Format == (kFormat == MegaFormat::kNvfp4 ? Fp4Format::kNvfp4 : Fp4Format::kMxfp4),
                   "the W4A8 layout's FP4 format is the launch's");
+  // FP8 GEMM 1 on W13 packed kGateUpInterleaved8 (mega_gemm1_interleaved_epilogue); else kGateUp.
+  constexpr bool kInterleavedW13 = mega_interleaved_w13<Layout>();
+  static_assert(!kInterleavedW13 || kFp8, "the interleaved split-N GEMM 1 is FP8-block only");
   // v8c in the fused kernel: GEMM-1's FP8 rows leave through the exchange buffer by 128-byte bulk copies.
   constexpr bool kBulkActRows = true;
   constexpr int kBulkGroupsPerTile = bulk_groups_per_tile<Layout::kSubTiles, Layout::kStagingRowsValue>();
@@ -616,7 +680,15 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
         __syncwarp();
         const MathRows<Layout::kSubTiles> where(t.m0, t.m_end, row_in_tile);
         const float* topk_weights = p.apply_topk_in_fc1 ? p.row_weights : nullptr;
-        if constexpr (kFp8) {
+        if constexpr (kFp8 && kInterleavedW13) {
+          // W13 kGateUpInterleaved8 (the staged pipeline's packing, docs/mega.md "One W13"): v11 GEMM 1 small's
+          // split-N arithmetic on this kernel's ring (gate / up scale pairs from the scale warp's slot).
+          fp8_tile_mainloop<Layout, true, MathSchedule::kSerial, true>(
+              accumulator, partial, smem, where, p.grouped_scales, nullptr, k1_blocks, 0, math_wg, cursor,
+              active_sub_tiles(t.m_end - t.m0, 0, Layout::kSubTiles));
+          mega_gemm1_interleaved_epilogue<Layout>(accumulator, smem, math_wg, row_in_tile, t.m0, t.m_end, t.n_tile, I,
+                                                  topk_weights, p);
+        } else if constexpr (kFp8) {
           const int n_block = t.n_tile * 2 + math_wg;
           const float* b_scales = p.w13_scales + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
           fp8_tile_mainloop<Layout, true>(accumulator, partial, smem, where, p.grouped_scales, b_scales, k1_blocks, 0,

@@ -35,9 +35,11 @@ using kernels::MegaMoeParams;
 // serves both SwiGLU epilogues) with the GEMM-2 BF16 staging aliasing the exchange (v8: 64 rows per
 // math warpgroup at 64 x 256, 32 at 128 x 256, where 64 would not fit); FP8 adds the scale ring (the
 // scale warp stages A and B scales in shared memory), BF16 has no scales.
-template <int kSubTiles, bool kFp8>
+// kInterleavedW13 (FP8): GEMM-1 tiles on W13 packed kGateUpInterleaved8 (the staged pipeline's packing, one W13 for
+// both paths; GroupedGemmLayout kSplitNInterleaved: + 2 KiB FP8 row staging at 128 x 256, + 1 KiB amax exchange).
+template <int kSubTiles, bool kFp8, bool kInterleavedW13 = false>
 using MegaTiles = kernels::sm90::GroupedGemmLayout<1, kSubTiles, 4, kernels::sm90::Epilogue::kSwigluQuantFp8,
-                                                   kSubTiles == 1 ? 64 : 32, kFp8>;
+                                                   kSubTiles == 1 ? 64 : 32, kFp8, kInterleavedW13>;
 using SmallTiles = MegaTiles<1, true>;  // 64 x 256
 using LargeTiles = MegaTiles<2, true>;  // 128 x 256
 static_assert(MegaTiles<1, false>::kBlockM == SmallTiles::kBlockM && MegaTiles<2, false>::kBlockM == LargeTiles::kBlockM);
@@ -47,6 +49,17 @@ static_assert(MegaTiles<1, false>::kBlockM == SmallTiles::kBlockM && MegaTiles<2
 // The W4A8 layouts (mega_w4a8.cu) have their own budget there.
 static_assert(mega_fits_shared<MegaTiles<1, true>>() && mega_fits_shared<MegaTiles<2, true>>() &&
               mega_fits_shared<MegaTiles<1, false>>() && mega_fits_shared<MegaTiles<2, false>>());
+// Interleaved W13: 64 x 256 1,024 + 163,840 + 34,816 + 1,056 + 1,024 amax + 64 + 16 * 513 = 210,032 B; 128 x 256
+// 1,024 + 196,608 + 18,432 + 2,080 + 1,024 + 64 + 8,208 = 227,440 B at E = 512 (limit 232,448 incl. static).
+static_assert(mega_fits_shared<MegaTiles<1, true, true>>() && mega_fits_shared<MegaTiles<2, true, true>>());
+
+// MEGAMOE_MEGA_OWN_GATE_UP=1 (read per backend; A/B and fallback): the FP8 fused kernel keeps its own W13 packed
+// kGateUp (the split-N kernel before session 14) and the split path a second W13 in staged's packing, as before.
+// Default (unset / 0): ONE W13 in staged_gate_up_packing for both paths (docs/mega.md "One W13").
+bool mega_own_gate_up_requested() {
+  const char* v = std::getenv("MEGAMOE_MEGA_OWN_GATE_UP");
+  return v != nullptr && std::string(v) == "1";
+}
 
 // What mega layers share (MoeWorkspace): the symmetric window (make_mega_moe_layout), the grouped
 // activations, GEMM-1 output, row tables, the kernel's counters and its epoch, and the activation
@@ -165,10 +178,14 @@ class MegaBackend final : public MoeBackend {
     format_ = mega_format(config.weight_format);
     const bool w4a8 = kernels::mega_is_w4a8(format_);
     const int64_t P = kernels::mega_element_bytes(format_);
-    // The grouped GEMMs' layouts (ExpertSlabs): W13 kGateUp (the fused kernel's tiles), W2 kDown, W4A8 the
-    // standalone W4A8 GEMM's packing; the split path's W13 below.
-    slabs_ = ExpertSlabs::allocate(config, local_experts_, kernels::GemmRole::kGateUp,
-                                   [this](size_t bytes) { return alloc(bytes); });
+    // The grouped GEMMs' layouts (ExpertSlabs): W13 FP8-block in staged's packing (staged_gate_up_packing:
+    // kGateUpInterleaved8, which the fused kernel's interleaved GEMM-1 tiles read too; kGateUp when
+    // MEGAMOE_FP8_GEMM1_V9=0 or MEGAMOE_MEGA_OWN_GATE_UP=1), BF16 kGateUp (the fused BF16 tiles), W2 kDown, W4A8
+    // the standalone W4A8 GEMM's packing; the split path's own W13 below where its packing differs.
+    const kernels::GemmRole fused_packing =
+        format_ == MegaFormat::kFp8Block && !mega_own_gate_up_requested() ? staged_gate_up_packing(config, false)
+                                                                          : kernels::GemmRole::kGateUp;
+    slabs_ = ExpertSlabs::allocate(config, local_experts_, fused_packing, [this](size_t bytes) { return alloc(bytes); });
 
     // The split path's scratch (the staged pipeline's dispatcher, window and buffers) only where a
     // forward can take it; shared with staged layers and other mega layers of this geometry.
@@ -178,17 +195,19 @@ class MegaBackend final : public MoeBackend {
     if (split_why.empty() &&
         mega_split_reachable(path_mode_, C, config.top_k, local_experts_, fused_max_rows(config.weight_format)))
       split_scratch_ = acquire_staged_scratch(*workspace, config, *ep);  // collective on first use
-    // The split path runs the staged GEMMs on staged's W13 packing (staged_gate_up_packing: FP8-block v11 GEMM 1
-    // on kGateUpInterleaved8, BF16 v2) in its own W13 copy: W13 memory twice where the split path can run.
-    // NOTES: the fused kernel's GEMM-1 tiles read kGateUp only; one shared layout needs a 64-row tile on the
-    // interleaved packing in the fused kernel (docs/mega.md).
+    // The split path runs the staged GEMMs on staged's W13 packing (staged_gate_up_packing). FP8-block: the fused
+    // kernel reads that packing too (one W13). BF16 (staged's v2 packing is kGateUpInterleaved8, the fused BF16
+    // tiles read kGateUp) and FP8 with MEGAMOE_MEGA_OWN_GATE_UP=1: a second W13 in the split path's packing
+    // (with_own_gate_up), W13 memory twice, only where the split path can run. W4A8: one packing.
     split_slabs_ = slabs_;
     if (split_scratch_ && !w4a8) {
       const kernels::GemmRole split_packing = staged_gate_up_packing(config, false);
-      if (split_packing != kernels::GemmRole::kGateUp)
+      if (split_packing != slabs_.gate_up_packing)
         split_slabs_ = slabs_.with_own_gate_up(config, local_experts_, split_packing,
                                                [this](size_t bytes) { return alloc(bytes); });
     }
+    if (const char* v = std::getenv("MEGAMOE_MEGA_LOG_MEMORY"); v != nullptr && std::string(v) == "1")
+      log_weight_memory();
 
     // Shared fields (window, counters, epoch, grouped rows, act) from the region; the rest is this layer's.
     MegaMoeParams& p = params_;
@@ -347,6 +366,9 @@ class MegaBackend final : public MoeBackend {
     } else if (format_ == kBf16) {
       if (small) launch_mega_moe<MegaTiles<1, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
       else launch_mega_moe<MegaTiles<2, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+    } else if (slabs_.gate_up_packing == kernels::GemmRole::kGateUpInterleaved8) {  // one W13 (docs/mega.md)
+      if (small) launch_mega_moe<MegaTiles<1, true, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      else launch_mega_moe<MegaTiles<2, true, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
     } else {
       if (small) launch_mega_moe<MegaTiles<1, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
       else launch_mega_moe<MegaTiles<2, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
@@ -401,6 +423,31 @@ class MegaBackend final : public MoeBackend {
   }
 
  private:
+  // MEGAMOE_MEGA_LOG_MEMORY=1: one stderr line per layer with its expert weight bytes on this rank (W13 with
+  // scales, the split path's own W13 if any, W2 with scales; W4A8: data + group scales + block records).
+  void log_weight_memory() const {
+    const int64_t H = config_.hidden, I = config_.intermediate, E = local_experts_;
+    int64_t w13 = 0, w2 = 0;
+    if (kernels::mega_is_w4a8(format_)) {
+      const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(config_.weight_format, 2 * I, H);
+      const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(config_.weight_format, H, I);
+      w13 = E * (s13.data_bytes + s13.group_scale_bytes + s13.block_count * sizeof(kernels::W4a8BlockScale));
+      w2 = E * (s2.data_bytes + s2.group_scale_bytes + s2.block_count * sizeof(kernels::W4a8BlockScale));
+    } else {
+      const int64_t P = kernels::mega_element_bytes(format_);
+      const bool fp8 = format_ == MegaFormat::kFp8Block;
+      w13 = E * 2 * I * H * P + (fp8 ? 4 * E * ((2 * I + 127) / 128) * ((H + 127) / 128) : 0);
+      w2 = E * H * I * P + (fp8 ? 4 * E * ((H + 127) / 128) * ((I + 127) / 128) : 0);
+    }
+    const bool copy = split_slabs_.w13 != slabs_.w13;
+    const int64_t total = w13 * (copy ? 2 : 1) + w2;
+    const double gib = 1.0 / (1024.0 * 1024.0 * 1024.0);
+    std::fprintf(stderr,
+                 "megamoe: mega weights rank %d: W13 %.3f GiB (packing %d) + split W13 copy %.3f GiB + W2 %.3f GiB = "
+                 "%.3f GiB per layer\n",
+                 ep_->rank(), w13 * gib, static_cast<int>(slabs_.gate_up_packing), copy ? w13 * gib : 0.0, w2 * gib,
+                 total * gib);
+  }
   void require_alive(const char* call) const {
     MEGAMOE_CHECK(!destroyed_, "backend mega: ", call, " called after destroy()");
   }
@@ -429,7 +476,7 @@ class MegaBackend final : public MoeBackend {
   bool destroyed_ = false;
   std::vector<bool> loaded_;
   std::vector<void*> allocations_;
-  ExpertSlabs slabs_;        // in allocations_; the fused kernel's (W13 kGateUp) and the split path's W2
+  ExpertSlabs slabs_;        // in allocations_; the fused kernel's (FP8: W13 in staged's packing) and the split path's W2
   ExpertSlabs split_slabs_;  // the split path's: slabs_ with its own W13 where staged_gate_up_packing differs
   // The split path (mega_path_heuristics.h): its mode, the staged pipeline's scratch (null when no
   // forward can take it) and phase events, and the path of the last forward (-1: none yet).

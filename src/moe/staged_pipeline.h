@@ -26,9 +26,11 @@ namespace megamoe {
 //               the BF16 v2 GEMM-1 kernel), w2 [E, H, I] bf16 (kDown), no scales
 //   W4A8      : pack_w4a8_expert_weights (kGateUp / kDown): data, group scales and block records
 //               (packed_w4a8_size per expert)
-// NOTES: both backends allocate and load through this struct. mega packs W13 with kGateUp (its fused kernel's
-// tiles) and, where its split path can run and staged_gate_up_packing differs, a second W13 in that packing
-// (with_own_gate_up: W13 memory twice, W2 shared); staged packs staged_gate_up_packing only. run_staged_pipeline
+// NOTES: both backends allocate and load through this struct. mega FP8-block packs W13 with staged_gate_up_packing
+// (its fused kernel's GEMM 1 reads kGateUpInterleaved8 too: one W13 for both paths, docs/mega.md "One W13"); mega
+// BF16 (and FP8 with MEGAMOE_MEGA_OWN_GATE_UP=1) packs kGateUp for the fused tiles and, where its split path can
+// run and staged_gate_up_packing differs, a second W13 in that packing (with_own_gate_up: W13 memory twice, W2
+// shared); staged packs staged_gate_up_packing only. run_staged_pipeline
 // hands `gate_up_packing` to grouped_gemm1_fp8 / grouped_gemm1_bf16, which pick the kernel for that layout.
 struct ExpertSlabs {
   WeightFormat format = WeightFormat::kBf16;
@@ -50,7 +52,8 @@ struct ExpertSlabs {
   // Checks, packs and uploads one expert (synchronous; packed_weights.h).
   void load(const MoeConfig& config, int local_expert, const ExpertWeights& weights) const;
   // This slab set with its own W13 (and FP8 W13 scales) packed with `gate_up_packing`, sharing W2: how mega gives
-  // its split path the staged pipeline's GEMM-1 layout while its fused kernel keeps kGateUp. FP8-block and BF16.
+  // its split path the staged pipeline's GEMM-1 layout where its fused kernel reads kGateUp (BF16; FP8 only with
+  // MEGAMOE_MEGA_OWN_GATE_UP=1). FP8-block and BF16.
   ExpertSlabs with_own_gate_up(const MoeConfig& config, int local_experts, kernels::GemmRole gate_up_packing,
                                const std::function<void*(size_t)>& alloc) const;
   // Packs and uploads W13 of one expert only (the slab set from with_own_gate_up).

@@ -3,7 +3,9 @@
 // changing token counts, bad input. The key cases run on both paths (mega_path_heuristics.h): "mega[fused]"
 // (the one kernel) and "mega[split]" (the staged pipeline on mega's weights), and under the heuristic.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "common/gpu_stream.h"
 #include "common/ep_harness.h"
@@ -23,8 +25,8 @@ MoeConfig small_config(int max_tokens, WeightFormat format = WeightFormat::kFp8B
 // code per row (W4A8: the same decode, wgmma and promotion pieces of sm90_w4a8_grouped_gemm.cuh) (each output element depends only on its row, its weight column and the fixed k-step
 // order), round the GEMM-1 output the same way, and on one rank both combines sum a token's k slots
 // in one fp32 fmaf chain in slot order.
-// The split path is staged's pipeline on mega's W2 and its own W13 copy in staged's packing (FP8: v11 GEMM 1 on
-// kGateUpInterleaved8, bit-identical to the fused kernel's split-N tiles on kGateUp): 0 differing elements too.
+// The split path is staged's pipeline on mega's weights (FP8: the ONE W13, kGateUpInterleaved8, that the fused
+// kernel's GEMM 1 reads too; BF16: its own W13 copy in staged's v2 packing): 0 differing elements too.
 TEST_P(MegaSingle, MatchesReferenceAndStagedReplaysAndRepeats) {
   auto group = single_rank_group();
   for (const char* backend : {"mega[fused]", "mega[split]"})
@@ -127,6 +129,84 @@ TEST_P(MegaSingle, ZeroTokensAndChangingTokenCounts) {
     EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
   }
   backend->destroy();
+  }
+}
+
+// Inputs whose routing gives local expert e exactly rows[e] rows (ids assigned in expert order: slot j of token t =
+// the (j T + t)-th entry, so a token never picks one expert twice while every rows[e] <= T); seeded hidden / weights.
+RankInputs inputs_with_rows_per_expert(uint64_t seed, const MoeConfig& c, const std::vector<int>& rows) {
+  int total = 0;
+  for (int r : rows) total += r;
+  const int T = total / c.top_k;
+  EXPECT_EQ(T * c.top_k, total) << "rows must add up to a multiple of top_k";
+  RankInputs in = make_rank_inputs(seed, 0, T, c.hidden, c.num_experts, c.top_k, 1, Routing::kUniform);
+  std::vector<int32_t> list;
+  for (int e = 0; e < static_cast<int>(rows.size()); ++e) list.insert(list.end(), rows[e], e);
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < c.top_k; ++j) in.ids[static_cast<size_t>(t) * c.top_k + j] = list[static_cast<size_t>(j) * T + t];
+  return in;
+}
+
+// Sets an environment variable for one scope (the backends read MEGAMOE_MEGA_OWN_GATE_UP when they are made).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+// The fused kernel's FP8 GEMM 1 on the ONE W13 in staged's packing (kGateUpInterleaved8, docs/mega.md "One W13")
+// at 0 / 1 / 8 / 16 / 32 / 33 rows per expert (spread epilogue up to 32 rows, the rows epilogue with the amax
+// exchange from 33), a mix of those, and 128-row tiles (33..129 rows: one or two sub-tiles, a 1-row second tile):
+// mega[fused] == mega[split] == staged == mega[fused] on its own kGateUp W13 (MEGAMOE_MEGA_OWN_GATE_UP=1, the
+// split-N kernel before) bit for bit, each vs the reference. Plain SiLU, then clamped SwiGLU with top-k in fc1.
+// FP8-block (the subject) and BF16 (its fused kernel keeps kGateUp, the split path its own v2 copy: unchanged);
+// W4A8 has one packing for both paths and its own tests.
+TEST_P(MegaSingle, OneW13RowsPerExpertMatchStagedAndOwnGateUp) {
+  if (GetParam() != WeightFormat::kFp8Block && GetParam() != WeightFormat::kBf16)
+    GTEST_SKIP() << "W4A8: one W13 packing on both paths already";
+  auto group = single_rank_group();
+  const std::vector<std::vector<int>> calls = {
+      {1, 1, 1, 1, 1, 1, 1, 1},          {8, 8, 8, 8, 8, 8, 8, 8},         {16, 16, 16, 16, 16, 16, 16, 16},
+      {32, 32, 32, 32, 32, 32, 32, 32},  {33, 33, 33, 33, 33, 33, 33, 33}, {0, 1, 8, 16, 32, 33, 17, 5},
+      {0, 0, 0, 0, 0, 0, 0, 0},          {33, 64, 65, 100, 128, 129, 0, 1}};
+  for (int variant = 0; variant < 2; ++variant) {
+    const bool clamped = variant == 1;
+    const MoeConfig c{512, 256, 8, 2, GetParam(),
+                      clamped ? Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f} : Activation{}, clamped, 0,
+                      272};
+    const auto experts = make_experts(c, 41 + variant);
+    auto fused = make_loaded_backend("mega[fused]", c, *group, experts, stream_);
+    auto split = make_loaded_backend("mega[split]", c, *group, experts, stream_);
+    auto staged = make_loaded_backend("staged", c, *group, experts, stream_);
+    std::unique_ptr<MoeBackend> own;
+    {
+      const ScopedEnv old_layout("MEGAMOE_MEGA_OWN_GATE_UP", "1");
+      own = make_loaded_backend("mega[fused]", c, *group, experts, stream_);
+    }
+    int call = 0;
+    for (const std::vector<int>& rows : calls) {
+      const RankInputs in = inputs_with_rows_per_expert(300 + 10 * variant + call++, c, rows);
+      SCOPED_TRACE(::testing::Message() << (clamped ? "clamped+fc1" : "silu") << " call " << call << " T=" << in.tokens
+                                        << " rows[0..2]=" << rows[0] << "," << rows[1] << "," << rows[2]);
+      const auto got = forward_once(*fused, *group, c, in, stream_);
+      EXPECT_EQ(fused->last_forward_path(), "fused");
+      const auto by_split = forward_once(*split, *group, c, in, stream_);
+      const auto by_staged = forward_once(*staged, *group, c, in, stream_);
+      const auto by_own = forward_once(*own, *group, c, in, stream_);
+      EXPECT_EQ(compare_bits(got, by_staged, c.hidden).differing, 0) << "mega[fused] vs staged";
+      EXPECT_EQ(compare_bits(got, by_split, c.hidden).differing, 0) << "mega[fused] vs mega[split]";
+      EXPECT_EQ(compare_bits(got, by_own, c.hidden).differing, 0) << "mega[fused] vs own kGateUp W13";
+      if (in.tokens == 0) continue;
+      std::vector<double> tolerance;
+      const auto ref = reference_layer(c, experts, in, &tolerance);
+      const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
+      EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format));
+      EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
+    }
+    own->destroy();
+    staged->destroy();
+    split->destroy();
+    fused->destroy();
   }
 }
 

@@ -3,7 +3,9 @@
 // determinism, mega vs staged bit for bit, and a stalled peer. Token and expert counts for N ranks
 // follow common/ep_test_ranks.h (N = 2: the 2-rank suite's exact inputs).
 #include <chrono>
+#include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "common/gpu_stream.h"
 #include "common/ep_harness.h"
@@ -199,6 +201,69 @@ TEST(MegaMulti, W4a8ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   for (const char* name : {"mega[fused]", "mega[auto]"}) changing_token_counts_every_call(rank, WeightFormat::kNvfp4, name);
   changing_token_counts_every_call(rank, WeightFormat::kMxfp4, "mega[auto]");  // auto: split on every call
+}
+
+// The fused kernel's FP8 GEMM 1 on the ONE W13 (kGateUpInterleaved8, docs/mega.md "One W13") on N ranks at exactly
+// 0 / 1 / 8 / 16 / 32 / 33 rows per local expert (summed over the ranks' tokens), a mix, and 33..129 rows: mega[fused]
+// == staged on ONE rank holding every expert (this rank's inputs) == mega[fused] on its own kGateUp W13
+// (MEGAMOE_MEGA_OWN_GATE_UP=1, the old kernel) bit for bit, and the reference. Expert e's rows are split over the
+// ranks (rank r sends rows / N, + 1 for r < rows % N); a rank whose share is odd sends one more row to expert 7 so
+// that its rows make whole tokens (top-2): on 2 ranks no call needs that.
+RankInputs rank_inputs_with_rows(uint64_t seed, const MoeConfig& c, const std::vector<int>& rows, int rank, int ranks) {
+  std::vector<int> mine(rows.size());
+  int total = 0;
+  for (size_t e = 0; e < rows.size(); ++e) {
+    mine[e] = rows[e] / ranks + (rank < rows[e] % ranks ? 1 : 0);
+    total += mine[e];
+  }
+  if (total % c.top_k != 0) mine.back() += c.top_k - total % c.top_k, total += c.top_k - total % c.top_k;
+  const int T = total / c.top_k;
+  RankInputs in = make_rank_inputs(seed, rank, T, c.hidden, c.num_experts, c.top_k, ranks, Routing::kUniform);
+  std::vector<int32_t> list;
+  for (size_t e = 0; e < mine.size(); ++e) list.insert(list.end(), mine[e], static_cast<int32_t>(e));
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < c.top_k; ++j) in.ids[static_cast<size_t>(t) * c.top_k + j] = list[static_cast<size_t>(j) * T + t];
+  return in;
+}
+
+TEST(MegaMulti, OneW13RowsPerLocalExpertMatchSingleRankStagedAndOwnGateUp) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  DeviceStream s(group->device());
+  const MoeConfig c{512, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 272};
+  ASSERT_EQ(c.num_experts % rank.ranks, 0);
+  const auto experts = make_experts(c, 43);
+  auto fused = make_loaded_backend("mega[fused]", c, *group, experts, s.stream);
+  setenv("MEGAMOE_MEGA_OWN_GATE_UP", "1", 1);
+  auto own = make_loaded_backend("mega[fused]", c, *group, experts, s.stream);
+  unsetenv("MEGAMOE_MEGA_OWN_GATE_UP");
+  auto single = single_rank_group({}, group->device());
+  auto staged = make_loaded_backend("staged", c, *single, experts, s.stream);
+  const std::vector<std::vector<int>> calls = {
+      {1, 1, 1, 1, 1, 1, 1, 1},          {8, 8, 8, 8, 8, 8, 8, 8},         {16, 16, 16, 16, 16, 16, 16, 16},
+      {32, 32, 32, 32, 32, 32, 32, 32},  {33, 33, 33, 33, 33, 33, 33, 33}, {0, 1, 8, 16, 32, 33, 17, 5},
+      {0, 0, 0, 0, 0, 0, 0, 0},          {33, 64, 65, 100, 128, 129, 0, 1}};
+  int call = 0;
+  for (const std::vector<int>& rows : calls) {
+    const RankInputs in = rank_inputs_with_rows(500 + call++, c, rows, rank.rank, rank.ranks);
+    SCOPED_TRACE(::testing::Message() << "rank " << rank.rank << " call " << call << " T=" << in.tokens);
+    const auto got = forward_once(*fused, *group, c, in, s.stream);
+    const auto by_own = forward_once(*own, *group, c, in, s.stream);
+    const auto by_staged = forward_once(*staged, *single, c, in, s.stream);
+    EXPECT_EQ(compare_bits(got, by_staged, c.hidden).differing, 0) << "mega[fused] vs staged on one rank";
+    EXPECT_EQ(compare_bits(got, by_own, c.hidden).differing, 0) << "mega[fused] vs own kGateUp W13";
+    if (in.tokens == 0) continue;
+    std::vector<double> tolerance;
+    const auto ref = reference_layer(c, experts, in, &tolerance, 1);
+    const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
+    EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format));
+    EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
+  }
+  staged->destroy();
+  single->destroy();
+  own->destroy();
+  fused->destroy();
+  group->destroy();
 }
 
 // The last rank stalls (never launches its forward); every other rank's forward must report a timeout
