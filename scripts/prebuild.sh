@@ -13,7 +13,9 @@ name=${1:?usage: scripts/prebuild.sh NAME [SHIP]}
 ship=${2:-/work/main}
 build=/tmp/build-pre-$name
 log=/tmp/prebuild-$name.log
-if ! scripts/build.sh "$build" -DMEGAMOE_BUILD_SERVER=OFF >"$log" 2>&1; then
+# Only what ships (not the CPU tests): configure as scripts/build.sh does, then build four targets.
+if ! { BUILD_TARGETS="megamoe_cli megamoe_tests_gpu megamoe_tests_multigpu" \
+         scripts/build.sh "$build" -DMEGAMOE_BUILD_SERVER=OFF; } >"$log" 2>&1; then
   tail -30 "$log"
   exit 1
 fi
