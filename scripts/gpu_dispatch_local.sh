@@ -12,15 +12,16 @@ out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 budget_s=${BUDGET_S:-290}; pack_name=dispatch_local.tgz
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/scripts/device_steps.sh"
-use() { source scripts/use_prebuilt.sh "$1" "${2:-.}" >/dev/null && echo "$PREBUILT"; }
-B=$(use dispatch-local .xfer/dispatch-local)
+# use NAME [TREE]: the prebuilt's binaries in place + its environment, in THIS shell (P = its build directory)
+use() { source scripts/use_prebuilt.sh "$1" "${2:-.}" >/dev/null && P=$PREBUILT; }
+use dispatch-local .xfer/dispatch-local; B=$P
 step test_gpu_ep 60 "$B/tests/megamoe_tests_gpu" --gtest_filter='EpSingle.*:StagedPhaseTiming.*:MoeWorkspace*'
 step test_multi_ep 150 env MEGAMOE_TEST_RANKS=2 "$B/tests/megamoe_tests_multigpu" \
   --gtest_filter='EpMulti.*:MegaMulti.*Matches*:MoeWorkspaceMulti.*'
 print_test_counts
 for round in 1 2; do
   for v in main dispatch-local; do
-    if [ "$v" = main ]; then P=$(use main); else P=$(use dispatch-local .xfer/dispatch-local); fi
+    if [ "$v" = main ]; then use main; else use dispatch-local .xfer/dispatch-local; fi
     for tokens in 4096 8192; do
       step "ep_${v}_${tokens}_$round" 20 "$P/megamoe" bench ep --ranks 2 --tokens "$tokens" --hidden 7168 --top-k 8 \
         --experts 256 --iters 20
@@ -29,7 +30,7 @@ for round in 1 2; do
 done
 for round in 1 2; do
   for v in main dispatch-local; do
-    if [ "$v" = main ]; then P=$(use main); else P=$(use dispatch-local .xfer/dispatch-local); fi
+    if [ "$v" = main ]; then use main; else use dispatch-local .xfer/dispatch-local; fi
     step "layer_${v}_$round" 45 "$P/megamoe" bench layer --backend staged --ranks 2 --preset dsv3 --format fp8_block \
       --tokens 2048,8192 --iters 6 --json "$logs/layer_${v}_$round.json"
   done
