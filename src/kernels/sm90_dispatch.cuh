@@ -254,7 +254,7 @@ __device__ inline void grouped_row_bases(const EpParams& p, const volatile int32
 //   running, and peers publish at the start of their send before they wait: no cycle.
 // - Local grouped rows use the receive kernel's formula (grouped_row_bases + slot_pos), so grouped_x,
 //   grouped_scales, grouped_sources, grouped_weights and recv_slot_row get the bytes the receive
-//   kernel wrote before (bit-identical; the row order inside an expert was already unspecified). The
+//   kernel wrote before (and recv_src_token / recv_weights of the local received row, which combine reads) (bit-identical; the row order inside an expert was already unspecified). The
 //   local copies overlap the NVLink stores of the remote copy, and the receive kernel expands only the
 //   remote senders' rows (before session 14 it also re-read this rank's own rows after the send).
 // - Window reuse: a destination reads counts_ready / recv_expert_counts in its send and receive,
@@ -313,6 +313,8 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel
           if (dst >= p.max_rows) dst = -1;  // inconsistent counts: never write out of range
         }
         p.recv_slot_row[row * k + lane] = dst;
+        // combine reads the weights of every received row (apply_weights), local ones included
+        p.region<float>(me, p.layout.recv_weights)[row * k + lane] = p.saved_weights[t * k + lane];
         if (dst >= 0) {
           const float w = p.saved_weights[t * k + lane];
           p.grouped_sources[dst] = RowSource{me, t, lane, w};
