@@ -204,23 +204,126 @@ __global__ void __launch_bounds__(kEpLayoutTileTokens) ep_layout_kernel(EpParams
   }
 }
 
-// Grid kEpSendBlocks x (32 * kEpWarpsPerBlock). One warp per token: each lane owns 16 consecutive
-// channels per step (8 lanes = one 128-channel scale group), quantizes them (fp8) and stores 16 B to
-// every destination rank's receive row. Loads of kSendBatch steps are issued before any store (the
-// row is read once, several requests in flight per lane). Afterwards every block bumps each
-// destination's arrival counter (release); block 0 first publishes the row and per-expert counts.
+// First grouped row of (sender s, local expert e) for every local expert, from the senders' per-expert
+// counts in this rank's window (`counts` [R, El], complete: the caller waited for them):
+//   expert e's rows start at offsets[e] = sum_{e' < e} sum_s counts[s][e'], sender s's rows of e at
+//   offsets[e] + sum_{s' < s} counts[s'][e].
+// Writes row_base[s * El + e] for every s (all_senders) or row_base[e] for s = `sender` only; with
+// write_offsets also expert_offsets. Call with all threads of the block.
+__device__ inline void grouped_row_bases(const EpParams& p, const volatile int32_t* counts, int* row_base,
+                                         int* scratch, bool all_senders, int sender, bool write_offsets) {
+  const int R = p.ctx.ranks, El = p.experts_per_rank;
+  int carry = 0;
+  for (int e0 = 0; e0 < El; e0 += blockDim.x) {
+    const int e = e0 + threadIdx.x;
+    int total = 0;
+    if (e < El)
+      for (int s = 0; s < R; ++s) total += counts[s * El + e];
+    int chunk_total = 0;
+    const int begin = carry + block_exclusive_scan(total, scratch, &chunk_total);
+    if (e < El) {
+      if (write_offsets) p.expert_offsets[e] = begin;
+      int at = begin;
+      for (int s = 0; s < R; ++s) {
+        if (all_senders)
+          row_base[s * El + e] = at;
+        else if (s == sender)
+          row_base[e] = at;
+        at += counts[s * El + e];
+      }
+    }
+    carry += chunk_total;
+  }
+  if (write_offsets && threadIdx.x == 0) p.expert_offsets[El] = carry;
+  __syncthreads();
+}
+
+// Grid kEpSendBlocks x (32 * kEpWarpsPerBlock), dynamic shared memory 4 * El bytes. One warp per token:
+// each lane owns 16 consecutive channels per step (8 lanes = one 128-channel scale group), quantizes
+// them (fp8) and stores 16 B to every REMOTE destination's receive row, and to the grouped rows of
+// this rank's own experts that the token selected (local rows skip the receive buffer). Loads of
+// kSendBatch steps are issued before any store (the row is read once, several requests in flight per
+// lane). Afterwards every block bumps each destination's arrival counter (release).
+// NOTES:
+// - Counts first: every block publishes this rank's per-(destination, expert) counts and row counts
+//   into every destination's window (the same values from every block, so no block has to be
+//   scheduled before another) and then adds 1 to each destination's counts_ready[me] (release). It
+//   then waits (bounded) until every sender's counts_ready shows one block of this epoch
+//   (> (epoch - 1) * kEpSendBlocks), which gives it the grouped layout of its own rows. A block
+//   waits only after it published, so the wait never depends on another block of its own rank
+//   running, and peers publish at the start of their send before they wait: no cycle.
+// - Local grouped rows use the receive kernel's formula (grouped_row_bases + slot_pos), so grouped_x,
+//   grouped_scales, grouped_sources, grouped_weights and recv_slot_row get the bytes the receive
+//   kernel wrote before (and recv_src_token / recv_weights of the local received row, which combine reads) (bit-identical; the row order inside an expert was already unspecified). The
+//   local copies overlap the NVLink stores of the remote copy, and the receive kernel expands only the
+//   remote senders' rows (before session 14 it also re-read this rank's own rows after the send).
+// - Window reuse: a destination reads counts_ready / recv_expert_counts in its send and receive,
+//   both before its combine send, which this rank's next dispatch follows (docs/ep.md, Protocol).
 __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel(EpParams p) {
   if (ep_device::group_failed(p.ctx)) return;
   constexpr int kSendBatch = 4;
+  extern __shared__ int local_row_base[];  // [El]: first grouped row of (sender me, local expert e)
+  __shared__ int scratch[32];
+  __shared__ int ok;
   const int lane = threadIdx.x & 31;
   const int warp_global = blockIdx.x * kEpWarpsPerBlock + (threadIdx.x >> 5);
   const int R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = p.num_scale_groups();
-  const int me = p.ctx.rank;
+  const int me = p.ctx.rank, El = p.experts_per_rank;
+  const uint64_t epoch = *p.epoch;
+
+  // Counts to every destination (every block, identical values), then counts_ready (release).
+  for (int i = threadIdx.x; i < R * El; i += blockDim.x)
+    p.region<int32_t>(i / El, p.layout.recv_expert_counts)[me * El + i % El] = p.send_expert_counts[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int r = 0; r < R; ++r) {
+      ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.recv_count) + me,
+                                   static_cast<uint64_t>(p.send_count[r]));
+      ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.counts_ready) + me, 1ull);
+    }
+    ok = 1;
+    const uint64_t target = (epoch - 1) * static_cast<uint64_t>(kEpSendBlocks) + 1;
+    const uint64_t* ready = p.region<uint64_t>(me, p.layout.counts_ready);
+    for (int s = 0; s < R && ok; ++s)
+      if (!ep_device::bounded_wait_geq(p.ctx, ready + s, target, EpPhase::kDispatch, s)) ok = 0;
+  }
+  __syncthreads();
+  if (!ok) return;
+  grouped_row_bases(p, p.region<int32_t>(me, p.layout.recv_expert_counts), local_row_base, scratch,
+                    /*all_senders=*/false, me, /*write_offsets=*/false);
+
   for (int t = warp_global; t < p.num_tokens; t += gridDim.x * kEpWarpsPerBlock) {
-    int dest_row[kMaxEpRanks];
+    int dest_row[kMaxEpRanks];  // remote destinations only
 #pragma unroll
     for (int r = 0; r < kMaxEpRanks; ++r)
-      dest_row[r] = r < R && p.token_dest_slot[t * R + r] >= 0 ? me * p.capacity + p.token_dest_slot[t * R + r] : -1;
+      dest_row[r] = r < R && r != me && p.token_dest_slot[t * R + r] >= 0
+                        ? me * p.capacity + p.token_dest_slot[t * R + r]
+                        : -1;
+    // Local slots: lane j < k holds slot j's grouped row (-1: not a local expert, or the token has none).
+    const int local_slot = p.token_dest_slot[t * R + me];
+    int dst = -1;
+    if (local_slot >= 0) {
+      const size_t row = static_cast<size_t>(me) * p.capacity + local_slot;
+      if (lane < k) {
+        const int id = p.saved_ids[t * k + lane];  // -1 or a valid id (the layout replaced bad ids)
+        const int e = id - me * El;
+        if (id >= 0 && e >= 0 && e < El) {
+          dst = local_row_base[e] + p.slot_pos[t * k + lane];
+          if (dst >= p.max_rows) dst = -1;  // inconsistent counts: never write out of range
+        }
+        p.recv_slot_row[row * k + lane] = dst;
+        // combine reads the weights of every received row (apply_weights), local ones included
+        p.region<float>(me, p.layout.recv_weights)[row * k + lane] = p.saved_weights[t * k + lane];
+        if (dst >= 0) {
+          const float w = p.saved_weights[t * k + lane];
+          p.grouped_sources[dst] = RowSource{me, t, lane, w};
+          p.grouped_weights[dst] = w;
+        }
+      }
+      if (lane == 0) p.region<int32_t>(me, p.layout.recv_src_token)[row] = t;
+    }
+    const unsigned local_targets = __ballot_sync(0xffffffffu, dst >= 0);
     const uint4* src = reinterpret_cast<const uint4*>(p.hidden_in + static_cast<size_t>(t) * H);
     const int chunks = H / 16;  // multiple of 8: a scale group's 8 lanes are all active or all idle
     for (int c0 = 0; c0 < chunks; c0 += 32 * kSendBatch) {
@@ -250,11 +353,26 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel
               if ((lane & 7) == 0)
                 p.region<float>(r, p.layout.recv_scales)[static_cast<size_t>(dest_row[r]) * S + c / 8] = scale;
             }
-        } else if (active) {
-          for (int r = 0; r < R; ++r) {
-            if (dest_row[r] < 0) continue;
-            uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
-                                                  static_cast<size_t>(dest_row[r]) * H);
+          for (unsigned rest = local_targets; rest; rest &= rest - 1) {
+            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+            if (!active) continue;
+            reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * H)[c] = q;
+            if ((lane & 7) == 0) p.grouped_scales[static_cast<size_t>(d) * S + c / 8] = scale;
+          }
+        } else {
+          if (active)
+            for (int r = 0; r < R; ++r) {
+              if (dest_row[r] < 0) continue;
+              uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
+                                                    static_cast<size_t>(dest_row[r]) * H);
+              row[2 * c] = lo[u];
+              row[2 * c + 1] = hi[u];
+            }
+          for (unsigned rest = local_targets; rest; rest &= rest - 1) {
+            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+            if (!active) continue;
+            uint4* row =
+                reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.grouped_x) + static_cast<size_t>(d) * H);
             row[2 * c] = lo[u];
             row[2 * c + 1] = hi[u];
           }
@@ -273,24 +391,17 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel
       if (lane == 0) p.region<int32_t>(r, p.layout.recv_src_token)[dest_row[r]] = t;
     }
   }
-  if (blockIdx.x == 0) {  // (sender me, local expert e) counts into every destination's window
-    const int local = p.experts_per_rank;
-    for (int i = threadIdx.x; i < R * local; i += blockDim.x)
-      p.region<int32_t>(i / local, p.layout.recv_expert_counts)[me * local + i % local] = p.send_expert_counts[i];
-  }
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    for (int r = 0; r < R; ++r) {
-      if (blockIdx.x == 0)
-        ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.recv_count) + me, static_cast<uint64_t>(p.send_count[r]));
+    for (int r = 0; r < R; ++r)
       ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.dispatch_arrivals) + me, 1ull);
-    }
     if (blockIdx.x == 0) {
       uint64_t remote_rows = 0;
       for (int r = 0; r < R; ++r)
         if (r != me) remote_rows += p.send_count[r];
-      const uint64_t row_bytes = static_cast<uint64_t>(H) * (p.fp8 ? 1 : 2) + (p.fp8 ? 4ull * S : 0ull) + 12ull * k + 4;
+      const uint64_t row_bytes =
+          static_cast<uint64_t>(H) * (p.fp8 ? 1 : 2) + (p.fp8 ? 4ull * S : 0ull) + 12ull * k + 4;
       p.traffic[0] = remote_rows * row_bytes;
     }
   }
@@ -324,27 +435,8 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
   extern __shared__ int row_base[];  // [R, El]: first grouped row of (sender s, local expert e)
   __shared__ int scratch[32];
   const int R = p.ctx.ranks, El = p.experts_per_rank, me = p.ctx.rank;
-  const volatile int32_t* counts = p.region<int32_t>(me, p.layout.recv_expert_counts);
-  int carry = 0;
-  for (int e0 = 0; e0 < El; e0 += blockDim.x) {
-    const int e = e0 + threadIdx.x;
-    int total = 0;
-    if (e < El)
-      for (int s = 0; s < R; ++s) total += counts[s * El + e];
-    int chunk_total = 0;
-    const int begin = carry + block_exclusive_scan(total, scratch, &chunk_total);
-    if (e < El) {
-      if (blockIdx.x == 0) p.expert_offsets[e] = begin;
-      int at = begin;
-      for (int s = 0; s < R; ++s) {
-        row_base[s * El + e] = at;
-        at += counts[s * El + e];
-      }
-    }
-    carry += chunk_total;
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0) p.expert_offsets[El] = carry;
-  __syncthreads();
+  grouped_row_bases(p, p.region<int32_t>(me, p.layout.recv_expert_counts), row_base, scratch, /*all_senders=*/true, 0,
+                    /*write_offsets=*/blockIdx.x == 0);
 
   constexpr int kBatch = 8;
   const int lane = threadIdx.x & 31;
@@ -355,6 +447,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
   const size_t row_bytes = static_cast<size_t>(H) * (p.fp8 ? 1 : 2);
   const int words = static_cast<int>(row_bytes / 16);
   for (int s = 0; s < R; ++s) {
+    if (s == me) continue;  // this rank's own rows were grouped by its send kernel
     const int n = static_cast<int>(recv_count[s]);
     for (int i = warp_global; i < n; i += warps) {
       const size_t row = static_cast<size_t>(s) * p.capacity + i;
@@ -421,7 +514,8 @@ inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream, const cud
   ep_layout_kernel<<<layout_tiles, kEpLayoutTileTokens, expert_table_bytes, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();
   if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[1], stream));
-  ep_dispatch_send_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, 0, stream>>>(p);
+  const size_t local_table_bytes = sizeof(int) * static_cast<size_t>(p.experts_per_rank);
+  ep_dispatch_send_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, local_table_bytes, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();
   if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[2], stream));
   ep_receive_kernel<<<kEpReceiveBlocks, 32 * kEpWarpsPerBlock, expert_table_bytes, stream>>>(p);

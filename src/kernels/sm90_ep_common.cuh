@@ -29,18 +29,22 @@ inline constexpr int kEpScaleGroup = 128;  // FP8 activation scales: one per tok
 //   dispatch_arrivals  uint64 [kMaxEpRanks]   blocks of the senders' dispatch that finished, cumulative
 //   combine_arrivals   uint64 [kMaxEpRanks]   blocks of the peers' combine that finished, cumulative
 //   recv_count         uint64 [kMaxEpRanks]   rows sender s wrote in its latest dispatch
+//   counts_ready       uint64 [kMaxEpRanks]   send blocks of sender s that published recv_count and
+//                                             recv_expert_counts, cumulative (epoch * kEpSendBlocks at most)
 //   recv_expert_counts i32 [R, El]            (sender s, local expert e): rows of s that selected e
-//   recv_x             [R * C, H] * P bytes   row s*C + i = i-th token sender s sent here
+//   recv_x             [R * C, H] * P bytes   row s*C + i = i-th token sender s sent here (the block
+//                                             s = this rank stays unused: local rows go straight to
+//                                             the grouped rows, see ep_dispatch_send_kernel)
 //   recv_scales        f32 [R * C, S]         (fp8 only)
 //   recv_ids           i32 [R * C, k]         the token's global top-k ids (all k, also remote ones)
 //   recv_pos           i32 [R * C, k]         slot j's position among sender s's rows of expert ids[j]
 //   recv_weights       f32 [R * C, k]
-//   recv_src_token     i32 [R * C]            token index on the sender
+//   recv_src_token     i32 [R * C]            token index on the sender (also written for local rows)
 //   combine_partials   bf16 [C * R, H]        row t*R + r = rank r's partial sum for this rank's token t
 // Each region starts on a 256-byte boundary.
-// Total ~ R*C*(H*P + 4S + 12k + 4) + C*R*H*2 + 4*R*El + 192 bytes.
+// Total ~ R*C*(H*P + 4S + 12k + 4) + C*R*H*2 + 4*R*El + 256 bytes.
 struct DispatchLayout {
-  size_t dispatch_arrivals, combine_arrivals, recv_count, recv_expert_counts, recv_x, recv_scales, recv_ids, recv_pos,
+  size_t dispatch_arrivals, combine_arrivals, recv_count, counts_ready, recv_expert_counts, recv_x, recv_scales, recv_ids, recv_pos,
       recv_weights, recv_src_token, combine_partials, total;
 };
 
@@ -53,6 +57,7 @@ inline DispatchLayout make_dispatch_layout(const EpDispatchConfig& c, int ranks)
   l.dispatch_arrivals = at; at = align(at + 8 * kMaxEpRanks);
   l.combine_arrivals = at; at = align(at + 8 * kMaxEpRanks);
   l.recv_count = at; at = align(at + 8 * kMaxEpRanks);
+  l.counts_ready = at; at = align(at + 8 * kMaxEpRanks);
   l.recv_expert_counts = at; at = align(at + 4 * static_cast<size_t>(c.num_experts));  // R * El = E
   l.recv_x = at; at = align(at + rows * c.hidden * payload);
   l.recv_scales = at; at = align(at + (c.payload == EpPayload::kFp8 ? rows * (c.hidden / kEpScaleGroup) * 4 : 0));
