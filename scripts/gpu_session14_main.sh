@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call (2 x H200, <= 480 s; session 14): main with dispatch-local (the send kernel groups its own rows)
+# and mega-interleaved (one W13 for mega fused + split). Prebuilt: scripts/prebuild.sh main14; carry .xfer/pre-main14 (as a tgz: the tree is big).
+#   source scripts/use_prebuilt.sh main14 && OUT=$OUT bash scripts/gpu_session14_main.sh
+# Steps: the whole one-GPU suite (sharded over both GPUs); bench layer FP8 on 2 ranks, staged + mega: dsv3 at 128 / 2048
+# / 8192 tokens (two rounds), ms4 and qwen3-30b (one round); the whole 2-rank suite. Last a table.
+set -uo pipefail
+out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
+B=${PREBUILT:?source scripts/use_prebuilt.sh main14 first}; T=$B/tests
+budget_s=${BUDGET_S:-480}; pack_name=session14_main.tgz
+source scripts/device_steps.sh
+step_sharded_gpu_suite test_gpu 180 "$T/megamoe_tests_gpu"
+for round in 1 2; do
+  step "layer_dsv3_$round" 60 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
+    --preset dsv3 --format fp8_block --tokens 128,2048,8192 --iters 8 --json "$logs/layer_dsv3_$round.json"
+done
+for model in ms4 qwen3-30b; do
+  step "layer_${model}_1" 45 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
+    --preset "$model" --format fp8_block --tokens 128,2048,8192 --iters 8 --json "$logs/layer_${model}_1.json"
+done
+step test_multigpu 240 env MEGAMOE_TEST_RANKS=2 "$T/megamoe_tests_multigpu"
+print_test_counts
+python3 - "$logs" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+res = {}
+for f in sorted(os.listdir(d)):
+    if not (f.startswith("layer_") and f.endswith(".json")): continue
+    model, rnd = f[6:-5].rsplit("_", 1)
+    for r in json.load(open(os.path.join(d, f)))["cases"]:
+        ph = r.get("phases_us") or {}
+        tag = "%d" % r["median_us"] + (" (g1 %d g2 %d)" % (ph.get("gemm1", 0), ph.get("gemm2", 0)) if ph else "")
+        res.setdefault((model, r.get("tokens"), r.get("backend")), []).append(tag)
+print("layer fp8, 2 ranks, rank-0 median us per round")
+for k in sorted(res): print("%-10s %6s %-18s %s" % (k[0], k[1], k[2], "  ".join(res[k])))
+PY
+print_summary
+pack
