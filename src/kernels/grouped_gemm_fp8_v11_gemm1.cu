@@ -30,7 +30,9 @@ void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   auto* kernel = &sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales, kBlockM>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, params);
+  sm90::GroupedGemmParams ordered = params;
+  ordered.m_fastest = env_switch("MEGAMOE_GEMM_M_FASTEST", false);  // tile order only (locate_tile_ordered)
+  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, ordered);
   MEGAMOE_LAUNCH_CHECK();
 }
 

@@ -64,6 +64,9 @@ struct GroupedGemmParams {
   // SwiGLU epilogue of 64 x 256 split-N tiles with at most 32 rows: the spread variant
   // (swiglu_quant_fp8_spread_epilogue; MEGAMOE_SWIGLU_SPREAD=0 keeps the balanced one everywhere).
   bool swiglu_spread = true;
+  // Tile order of the v11 wide kernels (locate_tile_ordered): false = n-tile fastest, true = m-tile fastest inside an
+  // expert (MEGAMOE_GEMM_TILE_ORDER=n|m). Same outputs either way.
+  bool m_fastest = false;
 };
 
 // v9 skew (an experiment, GroupedGemm1Fp8Args::v9_skew_kblocks): math warpgroup 1 starts its first

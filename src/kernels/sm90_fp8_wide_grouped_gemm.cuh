@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       PipelineCursor<kStages> cursor;
       int expert = 0;
       for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-        const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+        const TileCoordinates where = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
         const int block0 = where.n_tile * kBlockN / 128;
         const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
         const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     int expert = 0;
     int scale_slot = 0;
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
+      const TileCoordinates where = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
       if constexpr (kTmaScales)
         wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end,
                                      expert * params.n + where.n_tile * kBlockN, k_blocks, cursor, scale_slot);
@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   float accumulator[kBlockN / 2];
   float partial[kBlockN / 2];
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+    const TileCoordinates t = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
     const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
     const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
     const int n0 = __shfl_sync(0xffffffffu, t.n_tile, 0) * kBlockN;
