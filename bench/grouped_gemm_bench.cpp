@@ -196,6 +196,7 @@ struct Point {
   // --schedule all: the FP8 kernel under the other schedules, timed right after `us` (serial).
   std::vector<std::pair<std::string, double>> schedule_us;
   double swiglu_us = 0, swiglu_bytes = 0;  // --gemm1-two-pass both: pass 2 alone and the bytes it moves
+  int rows_min = 0, rows_max = 0, tails_le64 = 0;  // --rows-spread multinomial: the drawn counts
   double flops() const { return 2.0 * rows * experts * n * k; }
   double weight_bytes() const {
     const double per_element = bf16              ? 2.0
@@ -236,6 +237,9 @@ int run_gemm_bench(const GemmBenchOptions& options) {
   MEGAMOE_CHECK(options.gemm1_v11_small == "off" || options.gemm1_v11 != "off",
                 "--gemm1-v11-small on / both needs --gemm1-v11 on or both");
   const int gemm1_v11_small = options.gemm1_v11_small == "on" ? 1 : 0;
+  MEGAMOE_CHECK(options.rows_spread == "none" || options.rows_spread == "multinomial", "--rows-spread = '",
+                options.rows_spread, "' must be none or multinomial");
+  const bool spread = options.rows_spread == "multinomial";
   MEGAMOE_CHECK(options.gemm1_two_pass == "off" || options.gemm1_two_pass == "both", "--gemm1-two-pass = '",
                 options.gemm1_two_pass, "' must be off or both");
   const bool two_pass = options.gemm1_two_pass == "both" && options.format == "fp8";
@@ -320,6 +324,22 @@ int run_gemm_bench(const GemmBenchOptions& options) {
     for (int rows : options.rows_per_expert) {
       std::vector<int32_t> host_offsets(E + 1);
       for (int64_t e = 0; e <= E; ++e) host_offsets[e] = static_cast<int32_t>(e * rows);
+      int rows_min = rows, rows_max = rows, tails_le64 = 0;
+      if (spread) {  // rows x E rows, each to a uniformly drawn expert (multinomial counts; same total)
+        std::vector<int32_t> counts(E, 0);
+        std::mt19937_64 rng(options.spread_seed);
+        std::uniform_int_distribution<int64_t> pick(0, E - 1);
+        for (int64_t i = 0; i < static_cast<int64_t>(rows) * E; ++i) ++counts[pick(rng)];
+        rows_min = *std::min_element(counts.begin(), counts.end());
+        rows_max = *std::max_element(counts.begin(), counts.end());
+        for (int64_t e = 0; e < E; ++e) {
+          host_offsets[e + 1] = host_offsets[e] + counts[e];
+          if (counts[e] % 128 != 0 && counts[e] % 128 <= 64) ++tails_le64;
+        }
+        std::printf("%-10s %5d rows spread multinomial (seed %llu): %lld experts, %d..%d rows, %d end in a tile of "
+                    "<= 64 rows\n", model.c_str(), rows, static_cast<unsigned long long>(options.spread_seed),
+                    static_cast<long long>(E), rows_min, rows_max, tails_le64);
+      }
       Device offsets(host_offsets.size() * 4);
       MEGAMOE_CUDA_CHECK(cudaMemcpy(offsets.data, host_offsets.data(), offsets.bytes, cudaMemcpyHostToDevice));
       const int64_t m = static_cast<int64_t>(rows) * E;
@@ -333,6 +353,9 @@ int run_gemm_bench(const GemmBenchOptions& options) {
         p.k = which == 1 ? H : I;
         p.bf16 = bf16;
         p.fp4_group = fp4_group;
+        p.rows_min = rows_min;
+        p.rows_max = rows_max;
+        p.tails_le64 = tails_le64;
         const int hint = options.rows_hint > 0 ? options.rows_hint : rows;
         if (fp4_group && which == 1) {
           kernels::GroupedGemm1W4a8Args args;
@@ -607,6 +630,13 @@ int run_gemm_bench(const GemmBenchOptions& options) {
                          {"ratio_vs_cublas_fp8", p.cublas_fp8_us / p.us}, {"cublas_bf16_us", p.cublas_bf16_us},
                          {"cublas_bf16_tflops", p.flops() / p.cublas_bf16_us * 1e-6}});
       if (!p.schedule.empty()) records.back()["schedule"] = p.schedule;
+      if (spread) {
+        records.back()["rows_spread"] = "multinomial";
+        records.back()["spread_seed"] = options.spread_seed;
+        records.back()["rows_min"] = p.rows_min;
+        records.back()["rows_max"] = p.rows_max;
+        records.back()["experts_tail_le64"] = p.tails_le64;
+      }
       for (const auto& [name, us] : p.schedule_us) {
         records.back()[name + "_us"] = us;
         records.back()[name + "_tflops"] = p.flops() / us * 1e-6;

@@ -37,6 +37,11 @@ struct GemmBenchOptions {
   // math warpgroups split N): "off" (every v11 run on the 128 x 256 tile), "on" (the v11 runs use the small tile),
   // "both" = v11 small timed right after the v11 row per point (a row "v11_small"; needs --gemm1-v11 on or both).
   std::string gemm1_v11_small = "off";
+  // Rows per expert: "none" = every expert exactly `rows`; "multinomial" = rows x experts rows routed one by one to
+  // a uniformly drawn expert (the layer's uniform routing: a spread of ~sqrt(rows)), std::mt19937_64(spread_seed),
+  // the same counts for every kernel of a point (printed: min / max, experts ending in a tile of <= 64 rows).
+  std::string rows_spread = "none";
+  uint64_t spread_seed = 2026;
   // BF16 kernels (docs/grouped_gemm.md "BF16 v2"), --format bf16 only: "auto" = the library default
   // (MEGAMOE_BF16_GEMM_V2 / heuristic; GEMM 1 packed as the staged backend would), "off" = v1 (GEMM 1 split-N
   // on kGateUp weights, GEMM 2 v1 tiles), "on" = v2 (GEMM 1 wide on kGateUpInterleaved8, GEMM 2 v2), "both" =

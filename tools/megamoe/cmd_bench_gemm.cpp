@@ -31,6 +31,11 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                                     "FP8 GEMM 1 v11 small tile (64 x 256, split-N): off, on (every v11 run), both "
                                     "(row v11_small right after the v11 row; needs --gemm1-v11 on or both)")
                          ->check(CLI::IsMember({"off", "on", "both"}));
+                     app.add_option("--rows-spread", options->rows_spread,
+                                    "rows per expert: none (exactly --rows each) or multinomial (rows x experts rows "
+                                    "routed to uniformly drawn experts, fixed seed)")
+                         ->check(CLI::IsMember({"none", "multinomial"}));
+                     app.add_option("--spread-seed", options->spread_seed, "seed of --rows-spread multinomial");
                      app.add_option("--bf16-v2", options->bf16_v2,
                                     "BF16 kernels (--format bf16): auto (library default), off (v1), on (v2: wide "
                                     "128 x 256 tiles, bulk stores), both (off in the main columns, v2 right after it)")
