@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# One device call (2 x H200, <= 480 s; session 14): main with dispatch-local (the send kernel groups its own rows)
-# and mega-interleaved (one W13 for mega fused + split). Prebuilt: scripts/prebuild.sh main14; carry .xfer/pre-main14 (as a tgz: the tree is big).
-#   source scripts/use_prebuilt.sh main14 && OUT=$OUT bash scripts/gpu_session14_main.sh
+# One device call (2 x H200, <= BUDGET_S s, default 560): main's whole suites and the FP8 layer (session 13 call 5/6 as
+# gpu_session13_main.sh in call 3, session 14 call C with BUDGET_S=480 SHARD_LIMIT=180 PACK_NAME=session14_main.tgz).
+# Prebuilt: scripts/prebuild.sh main; carry .xfer/pre-main (as a tgz: the tree is big).
+#   source scripts/use_prebuilt.sh main && OUT=$OUT bash scripts/gpu_main_suites.sh
 # Steps: the whole one-GPU suite (sharded over both GPUs); bench layer FP8 on 2 ranks, staged + mega: dsv3 at 128 / 2048
 # / 8192 tokens (two rounds), ms4 and qwen3-30b (one round); the whole 2-rank suite. Last a table.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
-B=${PREBUILT:?source scripts/use_prebuilt.sh main14 first}; T=$B/tests
-budget_s=${BUDGET_S:-480}; pack_name=session14_main.tgz
+B=${PREBUILT:?source scripts/use_prebuilt.sh main first}; T=$B/tests
+budget_s=${BUDGET_S:-560}; pack_name=${PACK_NAME:-main_suites.tgz}
 source scripts/device_steps.sh
-step_sharded_gpu_suite test_gpu 180 "$T/megamoe_tests_gpu"
+step_sharded_gpu_suite test_gpu "${SHARD_LIMIT:-220}" "$T/megamoe_tests_gpu"
 for round in 1 2; do
   step "layer_dsv3_$round" 60 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
     --preset dsv3 --format fp8_block --tokens 128,2048,8192 --iters 8 --json "$logs/layer_dsv3_$round.json"
