@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call (2 x H200, <= BUDGET_S s, default 560): main's whole suites and the FP8 layer (session 13 call 5/6 as
-# gpu_session13_main.sh in call 3, session 14 call C with BUDGET_S=480 SHARD_LIMIT=180 PACK_NAME=session14_main.tgz).
+# One device call (2 x H200, <= BUDGET_S s, default 560): main's whole suites and the FP8 layer (session 13 call 3 ran it
+# as gpu_session13_main.sh; session 14 call C with BUDGET_S=480 SHARD_LIMIT=180 PACK_NAME=session14_main.tgz).
 # Prebuilt: scripts/prebuild.sh main; carry .xfer/pre-main (as a tgz: the tree is big).
 #   source scripts/use_prebuilt.sh main && OUT=$OUT bash scripts/gpu_main_suites.sh
 # Steps: the whole one-GPU suite (sharded over both GPUs); bench layer FP8 on 2 ranks, staged + mega: dsv3 at 128 / 2048
