@@ -65,7 +65,7 @@ struct GroupedGemmParams {
   // (swiglu_quant_fp8_spread_epilogue; MEGAMOE_SWIGLU_SPREAD=0 keeps the balanced one everywhere).
   bool swiglu_spread = true;
   // Tile order of the v11 wide kernels (locate_tile_ordered): false = n-tile fastest, true = m-tile fastest inside an
-  // expert (MEGAMOE_GEMM_TILE_ORDER=n|m). Same outputs either way.
+  // expert (MEGAMOE_GEMM_M_FASTEST=0|1, read by the v11 launchers). Same outputs either way.
   bool m_fastest = false;
 };
 

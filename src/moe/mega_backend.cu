@@ -56,10 +56,7 @@ static_assert(mega_fits_shared<MegaTiles<1, true, true>>() && mega_fits_shared<M
 // MEGAMOE_MEGA_OWN_GATE_UP=1 (read per backend; A/B and fallback): the FP8 fused kernel keeps its own W13 packed
 // kGateUp (the split-N kernel before session 14) and the split path a second W13 in staged's packing, as before.
 // Default (unset / 0): ONE W13 in staged_gate_up_packing for both paths (docs/mega.md "One W13").
-bool mega_own_gate_up_requested() {
-  const char* v = std::getenv("MEGAMOE_MEGA_OWN_GATE_UP");
-  return v != nullptr && std::string(v) == "1";
-}
+bool mega_own_gate_up_requested() { return kernels::detail::env_switch("MEGAMOE_MEGA_OWN_GATE_UP", false); }
 
 // What mega layers share (MoeWorkspace): the symmetric window (make_mega_moe_layout), the grouped
 // activations, GEMM-1 output, row tables, the kernel's counters and its epoch, and the activation
@@ -206,8 +203,7 @@ class MegaBackend final : public MoeBackend {
         split_slabs_ = slabs_.with_own_gate_up(config, local_experts_, split_packing,
                                                [this](size_t bytes) { return alloc(bytes); });
     }
-    if (const char* v = std::getenv("MEGAMOE_MEGA_LOG_MEMORY"); v != nullptr && std::string(v) == "1")
-      log_weight_memory();
+    if (kernels::detail::env_switch("MEGAMOE_MEGA_LOG_MEMORY", false)) log_weight_memory();
 
     // Shared fields (window, counters, epoch, grouped rows, act) from the region; the rest is this layer's.
     MegaMoeParams& p = params_;
@@ -426,21 +422,10 @@ class MegaBackend final : public MoeBackend {
   // MEGAMOE_MEGA_LOG_MEMORY=1: one stderr line per layer with its expert weight bytes on this rank (W13 with
   // scales, the split path's own W13 if any, W2 with scales; W4A8: data + group scales + block records).
   void log_weight_memory() const {
-    const int64_t H = config_.hidden, I = config_.intermediate, E = local_experts_;
-    int64_t w13 = 0, w2 = 0;
-    if (kernels::mega_is_w4a8(format_)) {
-      const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(config_.weight_format, 2 * I, H);
-      const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(config_.weight_format, H, I);
-      w13 = E * (s13.data_bytes + s13.group_scale_bytes + s13.block_count * sizeof(kernels::W4a8BlockScale));
-      w2 = E * (s2.data_bytes + s2.group_scale_bytes + s2.block_count * sizeof(kernels::W4a8BlockScale));
-    } else {
-      const int64_t P = kernels::mega_element_bytes(format_);
-      const bool fp8 = format_ == MegaFormat::kFp8Block;
-      w13 = E * 2 * I * H * P + (fp8 ? 4 * E * ((2 * I + 127) / 128) * ((H + 127) / 128) : 0);
-      w2 = E * H * I * P + (fp8 ? 4 * E * ((H + 127) / 128) * ((I + 127) / 128) : 0);
-    }
+    const ExpertSlabs::Bytes bytes = ExpertSlabs::bytes(config_, local_experts_);
+    const double w13 = static_cast<double>(bytes.gate_up_total()), w2 = static_cast<double>(bytes.down_total());
     const bool copy = split_slabs_.w13 != slabs_.w13;
-    const int64_t total = w13 * (copy ? 2 : 1) + w2;
+    const double total = w13 * (copy ? 2 : 1) + w2;
     const double gib = 1.0 / (1024.0 * 1024.0 * 1024.0);
     std::fprintf(stderr,
                  "megamoe: mega weights rank %d: W13 %.3f GiB (packing %d) + split W13 copy %.3f GiB + W2 %.3f GiB = "

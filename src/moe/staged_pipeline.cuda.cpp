@@ -19,29 +19,46 @@ namespace {
 bool is_w4a8(WeightFormat f) { return f == WeightFormat::kNvfp4 || f == WeightFormat::kMxfp4; }
 }  // namespace
 
+ExpertSlabs::Bytes ExpertSlabs::bytes(const MoeConfig& config, int local_experts) {
+  const int64_t H = config.hidden, I = config.intermediate, E = local_experts;
+  Bytes b;
+  if (is_w4a8(config.weight_format)) {
+    const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(config.weight_format, 2 * I, H);
+    const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(config.weight_format, H, I);
+    b.w13 = E * s13.data_bytes;
+    b.w2 = E * s2.data_bytes;
+    b.w13_group_scales = E * s13.group_scale_bytes;
+    b.w2_group_scales = E * s2.group_scale_bytes;
+    b.w13_blocks = E * s13.block_count * sizeof(kernels::W4a8BlockScale);
+    b.w2_blocks = E * s2.block_count * sizeof(kernels::W4a8BlockScale);
+    return b;
+  }
+  const int64_t element_bytes = config.weight_format == WeightFormat::kBf16 ? 2 : 1;
+  b.w13 = E * 2 * I * H * element_bytes;
+  b.w2 = E * H * I * element_bytes;
+  if (config.weight_format == WeightFormat::kFp8Block) {
+    b.w13_scales = sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128);
+    b.w2_scales = sizeof(float) * E * ((H + 127) / 128) * ((I + 127) / 128);
+  }
+  return b;
+}
+
 ExpertSlabs ExpertSlabs::allocate(const MoeConfig& config, int local_experts, kernels::GemmRole gate_up_packing,
                                   const std::function<void*(size_t)>& alloc) {
   ExpertSlabs s;
   s.format = config.weight_format;
   s.gate_up_packing = gate_up_packing;
-  const int64_t H = config.hidden, I = config.intermediate, E = local_experts;
+  const Bytes b = bytes(config, local_experts);
+  s.w13 = alloc(b.w13);
+  s.w2 = alloc(b.w2);
   if (is_w4a8(s.format)) {
-    const kernels::PackedW4a8Size s13 = kernels::packed_w4a8_size(s.format, 2 * I, H);
-    const kernels::PackedW4a8Size s2 = kernels::packed_w4a8_size(s.format, H, I);
-    s.w13 = alloc(E * s13.data_bytes);
-    s.w2 = alloc(E * s2.data_bytes);
-    s.w13_group_scales = static_cast<uint8_t*>(alloc(E * s13.group_scale_bytes));
-    s.w2_group_scales = static_cast<uint8_t*>(alloc(E * s2.group_scale_bytes));
-    s.w13_blocks = static_cast<kernels::W4a8BlockScale*>(alloc(E * s13.block_count * sizeof(kernels::W4a8BlockScale)));
-    s.w2_blocks = static_cast<kernels::W4a8BlockScale*>(alloc(E * s2.block_count * sizeof(kernels::W4a8BlockScale)));
-    return s;
-  }
-  const int64_t element_bytes = s.format == WeightFormat::kBf16 ? 2 : 1;
-  s.w13 = alloc(E * 2 * I * H * element_bytes);
-  s.w2 = alloc(E * H * I * element_bytes);
-  if (s.format == WeightFormat::kFp8Block) {
-    s.w13_scales = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
-    s.w2_scales = static_cast<float*>(alloc(sizeof(float) * E * ((H + 127) / 128) * ((I + 127) / 128)));
+    s.w13_group_scales = static_cast<uint8_t*>(alloc(b.w13_group_scales));
+    s.w2_group_scales = static_cast<uint8_t*>(alloc(b.w2_group_scales));
+    s.w13_blocks = static_cast<kernels::W4a8BlockScale*>(alloc(b.w13_blocks));
+    s.w2_blocks = static_cast<kernels::W4a8BlockScale*>(alloc(b.w2_blocks));
+  } else if (s.format == WeightFormat::kFp8Block) {
+    s.w13_scales = static_cast<float*>(alloc(b.w13_scales));
+    s.w2_scales = static_cast<float*>(alloc(b.w2_scales));
   }
   return s;
 }
@@ -72,10 +89,9 @@ ExpertSlabs ExpertSlabs::with_own_gate_up(const MoeConfig& config, int local_exp
                 weight_format_name(format), ")");
   ExpertSlabs s = *this;
   s.gate_up_packing = packing;
-  const int64_t H = config.hidden, I = config.intermediate, E = local_experts;
-  s.w13 = alloc(E * 2 * I * H * (format == WeightFormat::kBf16 ? 2 : 1));
-  if (format == WeightFormat::kFp8Block)
-    s.w13_scales = static_cast<float*>(alloc(sizeof(float) * E * ((2 * I + 127) / 128) * ((H + 127) / 128)));
+  const Bytes b = bytes(config, local_experts);
+  s.w13 = alloc(b.w13);
+  if (format == WeightFormat::kFp8Block) s.w13_scales = static_cast<float*>(alloc(b.w13_scales));
   return s;
 }
 

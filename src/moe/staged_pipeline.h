@@ -45,6 +45,17 @@ struct ExpertSlabs {
   uint8_t *w13_group_scales = nullptr, *w2_group_scales = nullptr;      // W4A8
   kernels::W4a8BlockScale *w13_blocks = nullptr, *w2_blocks = nullptr;  // W4A8
 
+  // Bytes of each slab for `local_experts` experts of `config`'s geometry: what allocate (and, for W13,
+  // with_own_gate_up) requests; 0 for the slabs a format does not have.
+  struct Bytes {
+    size_t w13 = 0, w2 = 0;
+    size_t w13_scales = 0, w2_scales = 0;              // FP8-block
+    size_t w13_group_scales = 0, w2_group_scales = 0;  // W4A8
+    size_t w13_blocks = 0, w2_blocks = 0;              // W4A8
+    size_t gate_up_total() const { return w13 + w13_scales + w13_group_scales + w13_blocks; }
+    size_t down_total() const { return w2 + w2_scales + w2_group_scales + w2_blocks; }
+  };
+  static Bytes bytes(const MoeConfig& config, int local_experts);
   // Slabs for `local_experts` experts of `config`'s geometry; `alloc(bytes)` returns device memory the
   // caller owns.
   static ExpertSlabs allocate(const MoeConfig& config, int local_experts, kernels::GemmRole gate_up_packing,
