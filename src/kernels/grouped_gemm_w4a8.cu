@@ -130,7 +130,7 @@ W4a8GemmParams base_params(const float* a_scales, const W4a8Weights& w, const in
   return params;
 }
 
-// -1: not read yet; else sm90::Fp4Decoder (0 old, 1 v7, 2 v8).
+// -1: not read yet; else sm90::Fp4Decoder (0 old, 1 v7, 2 v8, 3 auto).
 std::atomic<int> g_w4a8_decode{-1};
 
 void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w, const int32_t* offsets, uint16_t* out,
@@ -155,9 +155,9 @@ int w4a8_decode() {
   if (value < 0) {
     const char* env = std::getenv("MEGAMOE_W4A8_DECODE");
     const std::string text = env ? env : "";
-    MEGAMOE_CHECK(text.empty() || text == "old" || text == "v7" || text == "v8", "MEGAMOE_W4A8_DECODE = '", text,
-                  "' must be old, v7 or v8");
-    value = text == "v7" ? 1 : text == "v8" ? 2 : 0;
+    MEGAMOE_CHECK(text.empty() || text == "auto" || text == "old" || text == "v7" || text == "v8",
+                  "MEGAMOE_W4A8_DECODE = '", text, "' must be auto, old, v7 or v8");
+    value = text == "old" ? 0 : text == "v7" ? 1 : text == "v8" ? 2 : 3;
     int expected = -1;
     if (!g_w4a8_decode.compare_exchange_strong(expected, value)) value = expected;  // an override won
   }
@@ -165,7 +165,7 @@ int w4a8_decode() {
 }
 
 void set_w4a8_decode(int decoder) {
-  MEGAMOE_CHECK(decoder >= 0 && decoder <= 2, "W4A8 decoder ", decoder, " must be 0 (old), 1 (v7) or 2 (v8)");
+  MEGAMOE_CHECK(decoder >= 0 && decoder <= 3, "W4A8 decoder ", decoder, " must be 0 (old), 1 (v7), 2 (v8) or 3 (auto)");
   g_w4a8_decode.store(decoder);
 }
 

@@ -15,7 +15,8 @@
 //   both the exact and the rounded product, so the result still equals e4m3_rn(exact).
 // - NVFP4 2^p is an f16 power of two, p in [-3, 15] by construction (scales in [2^-9, 448]).
 //
-// v7 / v8 decode (decode_fp4_row_chunks_v7 / _v8; MEGAMOE_W4A8_DECODE=old|v7|v8, default old): the same
+// v7 / v8 decode (decode_fp4_row_chunks_v7 / _v8; MEGAMOE_W4A8_DECODE=auto|old|v7|v8, default auto:
+// v8 for MXFP4, old for NVFP4): the same
 // E4M3 bytes with fewer instructions (docs/grouped_gemm.md "W4A8 v7 decode", "W4A8 v8 decode"). v8 is
 // v7's arithmetic below with the old decoder's shared-memory accesses (v7's physical-slot addressing
 // conflicts 4-way: decode_fp4_row_chunks_v8 NOTES):
@@ -424,12 +425,21 @@ MEGAMOE_FP4_PRAGMA(unroll)
 }
 
 // The FP4 decoders the kernels can run (MEGAMOE_W4A8_DECODE; grouped_gemm.h w4a8_decode).
-enum class Fp4Decoder : int { kOld = 0, kV7 = 1, kV8 = 2 };
+// kAuto (the default): v8 for MXFP4, old for NVFP4 (session 15 call G, one H200, 32 experts: v8 / old = 1.00-1.05x
+// for MXFP4 at 8 / 32 / 1024 rows, 0.97-1.02x for NVFP4; docs/grouped_gemm.md "W4A8 v8 decode").
+enum class Fp4Decoder : int { kOld = 0, kV7 = 1, kV8 = 2, kAuto = 3 };
 
-// The decoder the kernels run: old (default), v7 or v8. `decoder` is uniform over the CTA.
+template <Fp4Format kFormat>
+__device__ __forceinline__ int resolve_fp4_decoder(int decoder) {
+  if (decoder != static_cast<int>(Fp4Decoder::kAuto)) return decoder;
+  return static_cast<int>(kFormat == Fp4Format::kMxfp4 ? Fp4Decoder::kV8 : Fp4Decoder::kOld);
+}
+
+// The decoder the kernels run: auto (default), old, v7 or v8. `decoder` is uniform over the CTA.
 template <Fp4Format kFormat, int kChunksInFlight = 4>
 __device__ __forceinline__ void decode_fp4_row_select(int decoder, const uint8_t* fp4_tile, const uint8_t* scale_tile,
                                                       uint8_t* fp8_tile, int row, int decode_exponent) {
+decoder = resolve_fp4_decoder<kFormat>(decoder);
 #if defined(MEGAMOE_FP4_DECODE_FORCE)  // SASS counting only (-DMEGAMOE_FP4_DECODE_FORCE=0|1|2): one decoder compiled
   decoder = MEGAMOE_FP4_DECODE_FORCE;
 #endif
@@ -447,6 +457,7 @@ template <Fp4Format kFormat>
 __device__ __forceinline__ void decode_fp4_half_row_select(int decoder, const uint8_t* fp4_tile,
                                                            const uint8_t* scale_tile, uint8_t* fp8_tile, int row,
                                                            int first_chunk, int decode_exponent) {
+decoder = resolve_fp4_decoder<kFormat>(decoder);
 #if defined(MEGAMOE_FP4_DECODE_FORCE)
   decoder = MEGAMOE_FP4_DECODE_FORCE;
 #endif

@@ -142,7 +142,7 @@ struct MegaMoeParams {
   float limit, alpha;
   bool apply_topk_in_fc1;
   bool swiglu_spread = true;  // FP8 GEMM-1 tiles of <= 32 rows: the spread epilogue (MEGAMOE_SWIGLU_SPREAD)
-  int w4a8_decoder = 0;  // W4A8: the FP4 decoder, sm90::Fp4Decoder (MEGAMOE_W4A8_DECODE, kernels::w4a8_decode)
+  int w4a8_decoder = 3;  // W4A8: the FP4 decoder, sm90::Fp4Decoder (MEGAMOE_W4A8_DECODE, kernels::w4a8_decode)
   // this rank's inputs and output
   const __nv_bfloat16* hidden_in;
   const int32_t* topk_ids;

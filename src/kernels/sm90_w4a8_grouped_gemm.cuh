@@ -70,8 +70,9 @@ struct W4a8GemmParams {
   // SwiGLU epilogue of 64-row tiles with at most kW4a8SpreadRows rows (the standalone 2-warpgroup kernel):
   // swiglu_quant_fp8_spread_epilogue (sm90_fp8_grouped_gemm.cuh); MEGAMOE_SWIGLU_SPREAD=0 turns it off.
   bool swiglu_spread = true;
-  // The FP4 decoder, sm90::Fp4Decoder: old (default), v7 or v8 (MEGAMOE_W4A8_DECODE; sm90_fp4_decode.cuh).
-  int decoder = 0;
+  // The FP4 decoder, sm90::Fp4Decoder: auto (default: v8 for MXFP4, old for NVFP4), old, v7 or v8
+  // (MEGAMOE_W4A8_DECODE; sm90_fp4_decode.cuh).
+  int decoder = 3;
 };
 // Rows of the spread epilogue's staging in the (then idle) decoded tiles: 2 x 32 x 512 B = 32 KiB of the 64 KiB.
 constexpr int kW4a8SpreadRows = 32;
