@@ -330,4 +330,12 @@ struct GroupedGemmW4a8Args {
 };
 void grouped_gemm_w4a8_bf16out(const GroupedGemmW4a8Args& args, cudaStream_t stream);
 
+// The FP4 -> E4M3 decoder of the W4A8 kernels (standalone and fused): 0 = old, 1 = v7, 2 = v8, 3 = auto (the
+// default: v8 for MXFP4, old for NVFP4) (sm90::Fp4Decoder), the same bytes (docs/grouped_gemm.md "W4A8 v7 decode",
+// "W4A8 v8 decode"). MEGAMOE_W4A8_DECODE = "auto" | "old" | "v7" | "v8" (anything else: megamoe::Error), read once
+// per process;
+// set_w4a8_decode overrides it (same-process A/B, tests).
+int w4a8_decode();
+void set_w4a8_decode(int decoder);
+
 }  // namespace megamoe::kernels

@@ -1,5 +1,6 @@
 // Launcher and typed validating API of the W4A8 grouped GEMMs (grouped_gemm.h, "W4A8"; kernel in
 // sm90_w4a8_grouped_gemm.cuh): checks, TMA descriptors, tile and stage choice, launch.
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <string>
@@ -125,8 +126,12 @@ W4a8GemmParams base_params(const float* a_scales, const W4a8Weights& w, const in
   params.num_experts = num_experts;
   params.n = n;
   params.k = k;
+  params.decoder = w4a8_decode();
   return params;
 }
+
+// -1: not read yet; else sm90::Fp4Decoder (0 old, 1 v7, 2 v8, 3 auto).
+std::atomic<int> g_w4a8_decode{-1};
 
 void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w, const int32_t* offsets, uint16_t* out,
                   int64_t m_capacity, int num_experts, int n, int k, int rows_hint, const char* n_name,
@@ -144,6 +149,25 @@ void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w,
 }
 
 }  // namespace
+
+int w4a8_decode() {
+  int value = g_w4a8_decode.load(std::memory_order_relaxed);
+  if (value < 0) {
+    const char* env = std::getenv("MEGAMOE_W4A8_DECODE");
+    const std::string text = env ? env : "";
+    MEGAMOE_CHECK(text.empty() || text == "auto" || text == "old" || text == "v7" || text == "v8",
+                  "MEGAMOE_W4A8_DECODE = '", text, "' must be auto, old, v7 or v8");
+    value = text == "old" ? 0 : text == "v7" ? 1 : text == "v8" ? 2 : 3;
+    int expected = -1;
+    if (!g_w4a8_decode.compare_exchange_strong(expected, value)) value = expected;  // an override won
+  }
+  return value;
+}
+
+void set_w4a8_decode(int decoder) {
+  MEGAMOE_CHECK(decoder >= 0 && decoder <= 3, "W4A8 decoder ", decoder, " must be 0 (old), 1 (v7), 2 (v8) or 3 (auto)");
+  g_w4a8_decode.store(decoder);
+}
 
 void grouped_gemm_w4a8_bf16out(const GroupedGemmW4a8Args& args, cudaStream_t stream) {
   launch_plain(args.a, args.a_scales, args.weights, args.expert_offsets, args.out, args.m_capacity, args.num_experts,

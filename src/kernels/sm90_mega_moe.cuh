@@ -142,6 +142,7 @@ struct MegaMoeParams {
   float limit, alpha;
   bool apply_topk_in_fc1;
   bool swiglu_spread = true;  // FP8 GEMM-1 tiles of <= 32 rows: the spread epilogue (MEGAMOE_SWIGLU_SPREAD)
+  int w4a8_decoder = 3;  // W4A8: the FP4 decoder, sm90::Fp4Decoder (MEGAMOE_W4A8_DECODE, kernels::w4a8_decode)
   // this rank's inputs and output
   const __nv_bfloat16* hidden_in;
   const int32_t* topk_ids;
@@ -715,7 +716,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const W4a8BlockScaleDevice* blocks =
               p.w13_blocks + (static_cast<int64_t>(expert1) * (2 * I / 128) + n_block) * k1_blocks;
           w4a8_tile_mainloop<Layout, true, kMegaDecodeBarrier>(accumulator, partial, smem, where, p.grouped_scales,
-                                                               blocks, k1_blocks, math_wg, cursor);
+                                                               blocks, k1_blocks, math_wg, cursor, p.w4a8_decoder);
           // The up warpgroup quantizes and stores all the tile's rows (published below like BF16's).
           w4a8_swiglu_quant_fp8_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I,
                                                        topk_weights, p.act, p.act_scales, p.activation, p.limit,
@@ -758,7 +759,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const W4a8BlockScaleDevice* blocks =
               p.w2_blocks + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
           w4a8_tile_mainloop<Layout, true, kMegaDecodeBarrier>(accumulator, partial, smem, where, p.act_scales, blocks,
-                                                               k2_blocks, math_wg, cursor);
+                                                               k2_blocks, math_wg, cursor, p.w4a8_decoder);
         } else {
           bf16_tile_mainloop<Layout>(accumulator, smem, k2_blocks, 0, math_wg, cursor);
         }

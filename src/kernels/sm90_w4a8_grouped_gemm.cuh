@@ -70,6 +70,9 @@ struct W4a8GemmParams {
   // SwiGLU epilogue of 64-row tiles with at most kW4a8SpreadRows rows (the standalone 2-warpgroup kernel):
   // swiglu_quant_fp8_spread_epilogue (sm90_fp8_grouped_gemm.cuh); MEGAMOE_SWIGLU_SPREAD=0 turns it off.
   bool swiglu_spread = true;
+  // The FP4 decoder, sm90::Fp4Decoder: auto (default: v8 for MXFP4, old for NVFP4), old, v7 or v8
+  // (MEGAMOE_W4A8_DECODE; sm90_fp4_decode.cuh).
+  int decoder = 3;
 };
 // Rows of the spread epilogue's staging in the (then idle) decoded tiles: 2 x 32 x 512 B = 32 KiB of the 64 KiB.
 constexpr int kW4a8SpreadRows = 32;
@@ -260,7 +263,7 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
                                                    const W4a8GemmShared<Layout>& smem,
                                                    const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
                                                    const W4a8BlockScaleDevice* blocks, int k_blocks, int math_wg,
-                                                   PipelineCursor<Layout::kStageCount>& cursor) {
+                                                   PipelineCursor<Layout::kStageCount>& cursor, int decoder) {
   constexpr int kSubTilesM = Layout::kSubTiles;
   constexpr int kStages = Layout::kStageCount;
   constexpr Fp4Format kFormat = Layout::kFp4Format;
@@ -282,8 +285,8 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
     warp_has_rows[s] = __any_sync(0xffffffffu, where.valid[s][0] || where.valid[s][1]);
   // Decodes k-block `kb` (ring stage `s`) of this warpgroup's 128 weight rows into buffer kb & 1.
   auto decode = [&](int s, int kb, int decode_exponent) {
-    decode_fp4_row<kFormat, kW4a8DecodeChunksInFlight>(
-        smem.fp4_tiles + s * Layout::kFp4Bytes + math_wg * 128 * kW4a8Fp4RowBytes,
+    decode_fp4_row_select<kFormat, kW4a8DecodeChunksInFlight>(
+        decoder, smem.fp4_tiles + s * Layout::kFp4Bytes + math_wg * 128 * kW4a8Fp4RowBytes,
         smem.scale_tiles + s * Layout::kScaleBytes + math_wg * 128 * kScaleBytesPerRow,
         my_decoded + (kb & 1) * Layout::kDecodedBytes, thread_in_wg, decode_exponent);
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
@@ -570,7 +573,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const int n_block = t.n_tile * 2 + math_wg;
     const W4a8BlockScaleDevice* blocks = params.blocks + (static_cast<int64_t>(expert) * n_blocks + n_block) * k_blocks;
     w4a8_tile_mainloop<Layout, false, kW4a8DecodeBarrier>(accumulator, partial, smem, where, params.a_scales, blocks,
-                                                          k_blocks, math_wg, cursor);
+                                                          k_blocks, math_wg, cursor, params.decoder);
     if constexpr (kEpilogue == W4a8Epilogue::kStoreBf16) {
       w4a8_store_bf16_epilogue<kSubTilesM>(accumulator, where, static_cast<__nv_bfloat16*>(params.out), params.n,
                                            t.n_tile * kW4a8BlockN + math_wg * 128);

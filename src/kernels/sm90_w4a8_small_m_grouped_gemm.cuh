@@ -87,7 +87,7 @@ template <class Layout>
 __device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], float (&partial)[32],
                                                       const W4a8GemmShared<Layout>& smem, bool warp_has_rows,
                                                       int k_blocks, int math_wg,
-                                                      PipelineCursor<Layout::kStageCount>& cursor) {
+                                                      PipelineCursor<Layout::kStageCount>& cursor, int decoder) {
   constexpr int kStages = Layout::kStageCount;
   constexpr Fp4Format kFormat = Layout::kFp4Format;
   constexpr int kScaleBytesPerRow = Fp4Traits<kFormat>::kScaleBytesPerRow;
@@ -100,11 +100,13 @@ __device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], 
   auto slot_word = [&](int stage, int word) { return smem.scale_ring[stage * Layout::kScaleSlotWords + word]; };
   // Two threads per weight row: thread t decodes chunks 2 (t & 1), +1 of row t / 2 of this warpgroup's 64.
   auto decode = [&](int s, int kb) {
-    decode_fp4_row_chunks<kFormat, 2>(
-        smem.fp4_tiles + s * Layout::kFp4Bytes + math_wg * kW4a8SmallColumns * kW4a8Fp4RowBytes,
-        smem.scale_tiles + s * Layout::kScaleBytes + math_wg * kW4a8SmallColumns * kScaleBytesPerRow,
-        my_decoded + (kb & 1) * Layout::kDecodedBytes, thread_in_wg / 2, 2 * (thread_in_wg & 1),
-        static_cast<int>(slot_word(s, record_word + 1)));
+    const uint8_t* fp4 = smem.fp4_tiles + s * Layout::kFp4Bytes + math_wg * kW4a8SmallColumns * kW4a8Fp4RowBytes;
+    const uint8_t* scales = smem.scale_tiles + s * Layout::kScaleBytes + math_wg * kW4a8SmallColumns * kScaleBytesPerRow;
+    uint8_t* decoded = my_decoded + (kb & 1) * Layout::kDecodedBytes;
+    const int decode_exponent = static_cast<int>(slot_word(s, record_word + 1));
+    // v7: slots 2 (t & 1), +1 of the row (physical; old and v8: logical chunks). Same rows covered.
+    decode_fp4_half_row_select<kFormat>(decoder, fp4, scales, decoded, thread_in_wg / 2, 2 * (thread_in_wg & 1),
+                                        decode_exponent);
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
   };
 #pragma unroll
@@ -277,7 +279,8 @@ __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<1> where(t.m0, t.m_end, row_in_tile);
     const bool warp_has_rows = __any_sync(0xffffffffu, where.valid[0][0] || where.valid[0][1]);
-    w4a8_small_m_mainloop<Layout>(accumulator, partial, smem, warp_has_rows, k_blocks, math_wg, cursor);
+    w4a8_small_m_mainloop<Layout>(accumulator, partial, smem, warp_has_rows, k_blocks, math_wg, cursor,
+                                  params.decoder);
     if constexpr (kEpilogue == W4a8Epilogue::kStoreBf16) {
       if (warp_has_rows) {
         float (&as_sub_tiles)[1][32] = *reinterpret_cast<float (*)[1][32]>(&accumulator);

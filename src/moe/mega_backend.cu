@@ -219,6 +219,7 @@ class MegaBackend final : public MoeBackend {
     p.alpha = config.activation.alpha;
     p.apply_topk_in_fc1 = config.apply_topk_in_fc1;
     p.swiglu_spread = kernels::detail::swiglu_spread_enabled();
+    p.w4a8_decoder = kernels::w4a8_decode();
     p.diag_local_combine = [] {  // MegaMoeParams NOTES: a timing diagnostic, wrong output
       const char* v = std::getenv("MEGAMOE_MEGA_DIAG_LOCAL_COMBINE");
       return v != nullptr && std::string(v) == "1" ? 1 : 0;

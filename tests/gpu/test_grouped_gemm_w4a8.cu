@@ -461,6 +461,124 @@ TEST(GroupedGemmW4a8, TwoWarpgroupKernelAt64Rows) {
   }
 }
 
+// v7 / v8 decode (MEGAMOE_W4A8_DECODE, kernels::set_w4a8_decode): the v7, v8 and the old FP4 decoders give
+// the same E4M3 bytes, so every kernel's output must be the same bit for bit (pad rows included, poisoned).
+// Canonical scales are perturbed so that the v7 / v8 decoders' f16 fallback runs too: NVFP4 zero, subnormal
+// and negative group scales; MXFP4 groups 2^11+ below the block's largest. GEMM 1 (SwiGLU, E4M3 + scales
+// out) and GEMM 2 (BF16 out); small-M and 2-warpgroup kernels (64- and 128-row tiles); 1..1024 rows per
+// expert; K = 2048 and 7168.
+struct ScopedDecoder {
+  int saved = kernels::w4a8_decode();
+  ~ScopedDecoder() { kernels::set_w4a8_decode(saved); }
+};
+
+void perturb_scales(W4a8Problem& p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (auto& m : p.w) {
+    for (auto& s : m.group_scales) {
+      const int pick = static_cast<int>(rng() % 200);
+      if (p.format == WeightFormat::kNvfp4) {
+        if (pick == 0) s = 0x00;                                            // zero group
+        else if (pick == 1) s = static_cast<uint8_t>(1 + rng() % 15);        // subnormal / tiny
+        else if (pick == 2) s = static_cast<uint8_t>(s | 0x80);              // negative (same |s|)
+      } else if (pick == 0) {
+        s = static_cast<uint8_t>(rng() % 100);                               // far below the block max
+      }
+    }
+  }
+}
+
+// Raw output bytes of one W4A8 launch on packed weights (GEMM 1: codes then scales; GEMM 2: BF16).
+std::vector<uint8_t> run_raw(const W4a8Problem& p, const PackedDevice& w, bool gemm1, int rows_hint) {
+  DeviceBuffer a(p.a), a_scales(p.a_scales), offsets(p.offsets);
+  const int out_cols = gemm1 ? p.n / 2 : p.n;
+  DeviceBuffer out(p.capacity * out_cols * (gemm1 ? 1 : 2));
+  DeviceBuffer out_scales(p.capacity * (gemm1 ? p.n / 256 : 1) * sizeof(float));
+  poison_device_buffer(out.data, out.bytes);
+  poison_device_buffer(out_scales.data, out_scales.bytes);
+  if (gemm1) {
+    kernels::GroupedGemm1W4a8Args args;
+    args.a = a.as<uint8_t>();
+    args.a_scales = a_scales.as<float>();
+    args.weights = w.view(p.format);
+    args.expert_offsets = offsets.as<int32_t>();
+    args.out = out.as<uint8_t>();
+    args.out_scales = out_scales.as<float>();
+    args.m_capacity = p.capacity;
+    args.num_experts = p.experts;
+    args.hidden = p.k;
+    args.intermediate = p.n / 2;
+    args.rows_per_expert_hint = rows_hint;
+    kernels::grouped_gemm1_w4a8(args, nullptr);
+  } else {
+    kernels::GroupedGemm2W4a8Args args;
+    args.a = a.as<uint8_t>();
+    args.a_scales = a_scales.as<float>();
+    args.weights = w.view(p.format);
+    args.expert_offsets = offsets.as<int32_t>();
+    args.out = out.as<uint16_t>();
+    args.m_capacity = p.capacity;
+    args.num_experts = p.experts;
+    args.hidden = p.n;
+    args.intermediate = p.k;
+    args.rows_per_expert_hint = rows_hint;
+    kernels::grouped_gemm2_w4a8(args, nullptr);
+  }
+  MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> bytes = out.download<uint8_t>();
+  if (gemm1) {
+    const auto scales = out_scales.download<uint8_t>();
+    bytes.insert(bytes.end(), scales.begin(), scales.end());
+  }
+  return bytes;
+}
+
+// decoder: 1 (v7) or 2 (v8), each against 0 (old).
+void expect_decoder_matches_old(int decoder) {
+  const ScopedDecoder restore;
+  const std::vector<int> counts = {1, 0, 8, 32, 64, 200, 1024};
+  uint64_t seed = 1501;
+  int compared = 0;
+  for (WeightFormat f : kFormats) {
+    for (int k : {2048, 7168}) {
+      for (bool gemm1 : {false, true}) {
+        // Small n for the host setup time: GEMM 2 one 256-column tile, GEMM 1 intermediate 256 (as the tests above).
+        W4a8Problem p = make_problem(f, counts, gemm1 ? 512 : 256, k, ++seed, false);
+        perturb_scales(p, seed);
+        const PackedDevice w = pack(p, gemm1 ? kernels::GemmRole::kGateUp : kernels::GemmRole::kDown);
+        for (const char* small_m : {"0", "1"}) {
+          const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", small_m);
+          for (int hint : {1, 8, 32, 1024}) {  // 64-row tiles (small-M or 2-warpgroup) and 128-row tiles
+            SCOPED_TRACE(describe(p, seed) + (gemm1 ? " gemm1" : " gemm2") + " small_m " + small_m + " hint " +
+                         std::to_string(hint));
+            kernels::set_w4a8_decode(0);
+            const std::vector<uint8_t> old_out = run_raw(p, w, gemm1, hint);
+            kernels::set_w4a8_decode(decoder);
+            const std::vector<uint8_t> new_out = run_raw(p, w, gemm1, hint);
+            ASSERT_EQ(old_out.size(), new_out.size());
+            int64_t differ = 0, first = -1;
+            for (size_t i = 0; i < old_out.size(); ++i)
+              if (old_out[i] != new_out[i] && differ++ == 0) first = static_cast<int64_t>(i);
+            EXPECT_EQ(differ, 0) << "first differing byte " << first;
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  std::printf("w4a8 decode v%d vs old: %d launch pairs compared\n", decoder == 1 ? 7 : 8, compared);
+}
+
+TEST(GroupedGemmW4a8, DecodeV7MatchesOldBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_decoder_matches_old(1);
+}
+
+TEST(GroupedGemmW4a8, DecodeV8MatchesOldBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_decoder_matches_old(2);
+}
+
 TEST(GroupedGemmW4a8, RejectsBadInputs) {
   kernels::GroupedGemm2W4a8Args args;
   args.m_capacity = 16;
