@@ -270,10 +270,10 @@ __device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout
 // out_scales [rows, n / 256], activation / limit / alpha, topk_weights. scale_map: the A scales as bytes
 // (kTmaScales only). kBlockMValue: 128 (v11 GEMM 1) or 64 (v11 GEMM 1 small); the producer warpgroup's code is
 // the same for both (the tile height enters through Layout), the math warpgroups' differs (split-M vs split-N).
-// kCluster (128 x 256 only; launched with cluster dims (2, 1, 1)): pairs of m-tiles of one expert and n-tile on the
-// two CTAs of a cluster, each loading half of the B tile and multicasting it to both: the scheme, barrier protocol
-// and invariants of sm90_fp8_wide_grouped_gemm_kernel's kCluster NOTES, unchanged (wide_produce_tile_cluster,
-// wide_release_stage, the 256-row pair table, the start / exit cluster barriers).
+// kCluster (128 x 256 only; launched with cluster dims (2, 1, 1)): the cluster-of-2 schedule (locate_cluster_tile:
+// pairs of m-tiles of one expert and n-tile sharing the B tile by multicast halves, lone units for an odd last
+// m-tile): the scheme, barrier protocol and invariants of sm90_fp8_wide_grouped_gemm_kernel's kCluster NOTES,
+// unchanged (wide_produce_tile_cluster, wide_release_stage, the start / exit cluster barriers).
 template <bool kTmaScales, int kBlockMValue = 128, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
@@ -283,7 +283,6 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
   constexpr int kStages = Layout::kStageCount;
-  constexpr int kUnitRows = kBlockM * Layout::kClusterSize;  // rows of one schedule unit: a tile, or a pair
 
   extern __shared__ uint8_t shared_raw[];
   const Fp8GemmShared<Layout> smem(shared_raw);
@@ -302,14 +301,18 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     prefetch_tensor_map(&b_map);
     if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
   }
-  if (warp == 1) build_expert_tile_table<kUnitRows>(table, params.expert_offsets, params.num_experts, params.m_capacity);
-  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
-  else __syncthreads();
-
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = params.n / kBlockN;
   const int n_blocks = params.n / 128;
-  const int total_units = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
+  if (warp == 1)
+    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
+                                               n_tiles);
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  else __syncthreads();
+
+  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
+  const int total_units =
+      __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
 
   // kCluster: 40 + 2 x 232 (as the GEMM-2 cluster kernel: the cluster producer spills at 24).
   constexpr uint32_t kProducerRegs = kCluster ? 40 : 24;
@@ -320,14 +323,15 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       PipelineCursor<kStages> cursor;
       int expert = 0;
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
-        const TileCoordinates where = locate_tile_ordered(table, unit, n_tiles, kUnitRows, expert, params.m_fastest);
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const float* gate_scales =
             params.b_scales + (static_cast<int64_t>(expert) * n_blocks + 2 * where.n_tile) * k_blocks;
         if constexpr (kTmaScales)
           wide_produce_b_scales(smem, gate_scales, gate_scales + k_blocks, k_blocks, cursor);
         else
-          produce_fp8_scales(smem, params.a_scales, gate_scales, gate_scales + k_blocks,
-                             where.m0 + cta_rank * kBlockM, where.m_end, k_blocks, cursor);
+          produce_fp8_scales(smem, params.a_scales, gate_scales, gate_scales + k_blocks, where.m0, where.m_end,
+                             k_blocks, cursor);
       }
       cp_async_wait_all();
     } else if (threadIdx.x == 0) {
@@ -335,13 +339,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       int expert = 0;
       int scale_slot = 0;
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
-        const TileCoordinates where = locate_tile_ordered(table, unit, n_tiles, kUnitRows, expert, params.m_fastest);
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int b_row = expert * params.n + where.n_tile * kBlockN;
-        // n % 256 == 0: a B part never reaches past the last expert's rows.
+        // n % 256 == 0: a B part never starts past the last expert's rows (the limit never applies).
         if constexpr (kCluster)
-          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0 + cta_rank * kBlockM, where.m_end,
-                                    b_row + cta_rank * Layout::kBBlockRows, static_cast<uint32_t>(cta_rank), k_blocks,
-                                    cursor, scale_slot);
+          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                    params.num_experts * params.n - Layout::kBBlockRows, where.shared_b, cta_rank,
+                                    k_blocks, cursor, scale_slot);
         else if constexpr (kTmaScales)
           wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
                                        cursor, scale_slot);
@@ -370,13 +375,14 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       float accumulator[2][64];
       float partial[64];
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
-        const TileCoordinates t = locate_tile_ordered(table, unit, n_tiles, kUnitRows, expert, params.m_fastest);
-        const int m0 = __shfl_sync(0xffffffffu, t.m0, 0) + cta_rank * kBlockM;
+        const ClusterTileCoordinates t =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
+        const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
         const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
         const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
         expert = __shfl_sync(0xffffffffu, expert, 0);
-        // None of this warpgroup's rows (kCluster: also every row of an odd pair's empty second tile): release
-        // every stage unread.
+        // None of this warpgroup's rows (kCluster: also a CTA without a tile, m_end <= m0): release every stage
+        // unread.
         if (m_end - m0 <= 64 * math_wg) {
 #pragma unroll 1
           for (int kb = 0; kb < k_blocks; ++kb) {

@@ -344,32 +344,40 @@ __device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[La
 }
 
 // ---- Clusters of 2 CTAs (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters") ----
-// Producer thread of one CTA of a pair (the two CTAs of a cluster run m-tiles 2j and 2j + 1 of one expert and
-// n-tile): per k-block, after its `empty` wait (which completes only once the math warps of BOTH CTAs released the
-// stage: `empty` counts 2 x 8 arrivals), it expects its A chunks + the WHOLE B tile (its own part and the peer's,
-// both multicast into this CTA's stage, both completing bytes on this CTA's `full`) + the A-scale group box, then
-// loads its A chunks (this CTA only), its B part (multicast to both CTAs) and, kTmaScales, the A-scale box every
-// 4th k-block. m0 / m_end: this CTA's tile rows; m_end <= m0 is the empty second tile of an odd pair: no A chunk,
-// no scale box (the ring slot still advances, as the math side's), the B part still loaded and multicast (the
-// peer's math needs it). b_row: first row of this CTA's B part (the tile's row + cta_rank x kBBlockRows).
+// Producer thread of one CTA of a cluster for one schedule unit (locate_cluster_tile): per k-block, after its
+// `empty` wait (which completes only once the math warps of BOTH CTAs released the stage: `empty` counts 2 x 8
+// arrivals), it expects its A chunks + the WHOLE B tile + the A-scale group box, then loads its A chunks (this CTA
+// only) and the B tile in two kBBlockRows-row parts:
+// - shared_b (a pair: both CTAs multiply the same B tile): only part cta_rank, multicast to both CTAs (the peer
+//   loads the other part the same way; both complete bytes on both CTAs' `full`);
+// - otherwise (a lone unit: each CTA its own n-tile): both parts, into this CTA only.
+// and, kTmaScales, the A-scale box every 4th k-block. m0 / m_end: this CTA's tile rows; m_end <= m0: no tile (no
+// A chunk, no scale box; the ring slot still advances, as the math side's; B still loaded: in a pair the peer's
+// math needs this CTA's part, and the expected bytes stay those of every unit). b_row: the tile's first B row;
+// b_row_limit: the last row a part may start at (num_experts x n - kBBlockRows): a part of the last expert's
+// partial last n-tile starting past the tensor is moved back inside it (its columns are >= n: computed, never
+// stored), so no box lies wholly out of bounds.
 // NOTES:
 // - The peer's bytes may complete on this CTA's `full` before this thread's arrive-expect of the same phase (the
 //   tx-count goes negative meanwhile): the phase cannot complete early, because it still waits for this thread's
 //   arrival, and the expect always exceeds the peer's kBBlockBytes (it includes this CTA's own B part).
 // - They can never land in an earlier phase: the peer issues k-block j into stage s only after ITS `empty` wait,
 //   which needs this CTA's math warps' releases of k-block j - kStages, given after their `full` wait of that
-//   phase: so this CTA's `full[s]` has completed phase j - kStages and stands in phase j.
+//   phase: so this CTA's `full[s]` has completed phase j - kStages and stands in phase j. Both CTAs walk the same
+//   units with the same k_blocks, so their k-block sequences (and stage / phase cursors) are the same.
 template <class Layout>
 __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
                                                           const CUtensorMap* b_map, const CUtensorMap* scale_map,
-                                                          int m0, int m_end, int b_row, uint32_t cta_rank,
-                                                          int k_blocks, PipelineCursor<Layout::kStageCount>& cursor,
+                                                          int m0, int m_end, int b_row, int b_row_limit, bool shared_b,
+                                                          int cta_rank, int k_blocks,
+                                                          PipelineCursor<Layout::kStageCount>& cursor,
                                                           int& scale_slot) {
   static_assert(Layout::kClusterSize == 2 && Layout::kBlockM % kATrimRows == 0, "pairs; whole 64-row chunks");
   constexpr int kChunkBytes = kATrimRows * kBlockK;
   constexpr uint16_t kAllCtas = (1u << Layout::kClusterSize) - 1;
   uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
   const int chunks = m_end > m0 ? min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows) : 0;
+  const int own_part_row = min(b_row + cta_rank * Layout::kBBlockRows, b_row_limit);
   for (int kb = 0; kb < k_blocks; ++kb) {
     const bool group = Layout::kTmaScales && kb % Layout::kScaleGroupKBlocks == 0;
     const bool scale_box = group && chunks > 0;
@@ -379,8 +387,15 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
     uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
     for (int c = 0; c < chunks; ++c)
       tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
-    tma_load_2d_multicast(smem.b_tiles + cursor.stage * Layout::kBBytes + cta_rank * Layout::kBBlockBytes, b_map,
-                          kb * kBlockK, b_row, &smem.full[cursor.stage], kAllCtas);
+    uint8_t* b_stage = smem.b_tiles + cursor.stage * Layout::kBBytes;
+    if (shared_b) {
+      tma_load_2d_multicast(b_stage + cta_rank * Layout::kBBlockBytes, b_map, kb * kBlockK, own_part_row,
+                            &smem.full[cursor.stage], kAllCtas);
+    } else {
+      for (int q = 0; q < Layout::kClusterSize; ++q)
+        tma_load_2d(b_stage + q * Layout::kBBlockBytes, b_map, kb * kBlockK,
+                    min(b_row + q * Layout::kBBlockRows, b_row_limit), &smem.full[cursor.stage]);
+    }
     if (group) {
       if (scale_box)
         tma_load_2d(ring + scale_slot * Layout::kAScaleGroupBytes, scale_map, kb * 4, m0, &smem.full[cursor.stage]);
@@ -393,14 +408,12 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
 // kTmaScales: A scales by TMA through scale_map (unused otherwise; NOTES above wide_produce_tile_tma_scales).
 // kCluster: clusters of 2 CTAs sharing each B tile by multicast (launched with cluster dims (2, 1, 1)):
 // NOTES (kCluster; docs/grouped_gemm.md "v11 clusters"):
-// - Schedule: the unit is a pair = 256 rows of one expert (m-tiles 2j, 2j + 1) x one n-tile. The tile table is
-//   built with 256-row blocks (ceil(rows / 256) = ceil(ceil(rows / 128) / 2) pairs per expert), so
-//   locate_tile_ordered walks pairs in either order (the m-fastest rotation acts on the pair index); CTA r of
-//   the cluster takes rows [m0 + 128 r, m0 + 128 r + 128). Both CTAs walk the same pairs (cluster index +
-//   k x clusters) with the same k_blocks: the same (pair, k-block) sequence, so their rings stay in lock step.
-// - An expert with an odd m-tile count ends in a pair whose CTA 1 has no rows: it loads and multicasts its B
-//   part, expects the whole B tile, releases every stage unread (both math warpgroups take the "none of this
-//   warpgroup's rows" path) and stores nothing.
+// - Schedule (locate_cluster_tile; the tile table counts its units): both CTAs of a cluster take the same unit
+//   (cluster index + k x clusters) with the same k_blocks, so their (unit, k-block) sequences and ring cursors are
+//   the same. A unit is a pair (m-tiles 2p, 2p + 1 of one expert and n-tile: B shared by multicast) or, for an
+//   expert's odd last m-tile, a lone unit (n-tiles 2j, 2j + 1 of that m-tile: each CTA loads its own B). A CTA
+//   without a tile (CTA 1 of the last lone unit at odd n_tiles) loads B only, releases every stage unread (both
+//   math warpgroups take the "none of this warpgroup's rows" path) and stores nothing.
 // - `empty` of a stage counts the 8 math warps of BOTH CTAs (lane r of each math warp arrives on CTA r's,
 //   wide_release_stage), because both producers write into both CTAs' stage (the B parts). Arrivals and waits keep
 //   CTA-scope semantics (barrier_arrive_cluster's NOTES: what crosses CTAs is async-proxy reads then TMA writes).
@@ -421,7 +434,6 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kStages = Layout::kStageCount;
   constexpr int kClusterSize = Layout::kClusterSize;
-  constexpr int kUnitRows = kBlockM * kClusterSize;  // rows of one schedule unit: a tile, or a pair of tiles
 
   extern __shared__ uint8_t shared_raw[];
   const Fp8GemmShared<Layout> smem(shared_raw);
@@ -441,19 +453,18 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     prefetch_tensor_map(&b_map);
     if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
   }
-  if (warp == 1) build_expert_tile_table<kUnitRows>(table, params.expert_offsets, params.num_experts, params.m_capacity);
-  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
-  else __syncthreads();
-
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = (params.n + kBlockN - 1) / kBlockN;
   const int n_blocks = params.n / 128;
-  const int total_units = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
-  // The B part this CTA loads: rows [cta_rank kBBlockRows, + kBBlockRows) of the tile. A part starting at or past
-  // the last row of all experts (the last expert's partial last n-tile) is moved back inside the tensor: its
-  // columns are >= n, computed and never stored, and no box is wholly out of bounds.
-  const int b_rows_total = params.num_experts * params.n;
-  const int b_part_offset = cta_rank * Layout::kBBlockRows;
+  if (warp == 1)
+    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
+                                               n_tiles);
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  else __syncthreads();
+
+  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
+  const int total_units =
+      __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
 
   // Register split as sm90_fp8_grouped_gemm_kernel (its NOTES: the pool is 168 x 384; 24 + 2 x 240 = 504).
   // kCluster: 40 + 2 x 232 = 504: the cluster producer spilled at 24 (ptxas: 28-40 bytes, in the producer and
@@ -466,8 +477,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       PipelineCursor<kStages> cursor;
       int expert = 0;
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
-        const TileCoordinates where = locate_tile_ordered(table, unit, n_tiles, kUnitRows, expert, params.m_fastest);
-        const int m0 = where.m0 + cta_rank * kBlockM;
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int block0 = where.n_tile * kBlockN / 128;
         const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
         const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
@@ -476,8 +487,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                 expert_scales + static_cast<int64_t>(block1) * k_blocks, k_blocks, cursor);
         else
           produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
-                             expert_scales + static_cast<int64_t>(block1) * k_blocks, m0, where.m_end, k_blocks,
-                             cursor);
+                             expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end,
+                             k_blocks, cursor);
       }
       cp_async_wait_all();
     } else if (threadIdx.x == 0) {
@@ -485,12 +496,13 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       int expert = 0;
       int scale_slot = 0;
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
-        const TileCoordinates where = locate_tile_ordered(table, unit, n_tiles, kUnitRows, expert, params.m_fastest);
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int b_row = expert * params.n + where.n_tile * kBlockN;
         if constexpr (kCluster)
-          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0 + cta_rank * kBlockM, where.m_end,
-                                    min(b_row + b_part_offset, b_rows_total - Layout::kBBlockRows),
-                                    static_cast<uint32_t>(cta_rank), k_blocks, cursor, scale_slot);
+          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                    params.num_experts * params.n - Layout::kBBlockRows, where.shared_b, cta_rank,
+                                    k_blocks, cursor, scale_slot);
         else if constexpr (kTmaScales)
           wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
                                        cursor, scale_slot);
@@ -520,13 +532,13 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     float accumulator[kBlockN / 2];
     float partial[kBlockN / 2];
     for (int unit = first_unit; unit < total_units; unit += unit_step) {
-      const TileCoordinates t = locate_tile_ordered(table, unit, n_tiles, kUnitRows, expert, params.m_fastest);
-      const int m0 = __shfl_sync(0xffffffffu, t.m0, 0) + cta_rank * kBlockM;
+      const ClusterTileCoordinates t =
+          locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
+      const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
       const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
       const int n0 = __shfl_sync(0xffffffffu, t.n_tile, 0) * kBlockN;
       expert = __shfl_sync(0xffffffffu, expert, 0);
-      // None of this warpgroup's rows (kCluster: also every row of an odd pair's empty second tile, m_end <= m0):
-      // release every stage unread.
+      // None of this warpgroup's rows (kCluster: also a CTA without a tile, m_end <= m0): release every stage unread.
       if (m_end - m0 <= 64 * math_wg) {
 #pragma unroll 1
         for (int kb = 0; kb < k_blocks; ++kb) {

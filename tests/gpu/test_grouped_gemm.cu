@@ -507,10 +507,11 @@ TEST(GroupedGemmFp8, V11ManyTilesPerCta) {
 
 // v11 clusters (MEGAMOE_GEMM_CLUSTER=1, docs/grouped_gemm.md "v11 clusters"): the cluster kernel's outputs equal the
 // 1-CTA kernel's bit for bit on the same inputs (random, poisoned outputs before each run), both tile orders
-// (MEGAMOE_GEMM_M_FASTEST), both A-scale paths and both widths. Shapes: a single expert of 1 m-tile (the pair's
-// second CTA has no rows), odd m-tile counts (1, 3, 5: the last pair half empty) and even ones, row counts off
-// the 64 / 128-row boundaries, experts of 0 rows, and enough pairs for several per cluster (the ring and phases
-// carried across pairs; n 640 = 3 x 192 + 64: a partial last n-tile whose second B part lies past the last
+// (MEGAMOE_GEMM_M_FASTEST), both A-scale paths and both widths. Shapes: a single expert of 1 m-tile (lone units
+// only), odd m-tile counts (1, 3, 5: pairs then lone units of the last m-tile) and even ones, odd n-tile counts
+// (n 384 / 640 at width 128: 3 / 5 n-tiles, so the last lone unit's CTA 1 has no tile), row counts off the 64 /
+// 128-row boundaries, experts of 0 rows, and enough units for several per cluster (the ring and phases carried
+// across units; n 640 = 3 x 192 + 64 at width 192: a partial last n-tile whose second B part starts past the last
 // expert's rows, moved back inside the tensor).
 void run_cluster_vs_plain_v11(const std::vector<int>& counts, int n, int k, uint64_t seed) {
   const Problem p = make_problem(counts, n, k, seed, false);
@@ -551,9 +552,9 @@ void run_cluster_vs_plain_v11(const std::vector<int>& counts, int n, int k, uint
 
 TEST(GroupedGemmFp8, V11ClusterMatchesNoCluster) {
   MEGAMOE_REQUIRE_GPUS(1);
-  run_cluster_vs_plain_v11({77}, 640, 512, 1260);                          // one expert, 1 m-tile
-  run_cluster_vs_plain_v11({300}, 384, 1024, 1261);                        // one expert, 3 m-tiles
-  run_cluster_vs_plain_v11({0, 1, 129, 256, 257, 640, 0, 383}, 640, 2048, 1262);  // 1, 2, 2, 3, 5, 3 m-tiles
+  run_cluster_vs_plain_v11({77}, 640, 512, 1260);   // one expert, 1 m-tile
+  run_cluster_vs_plain_v11({300}, 384, 1024, 1261);  // one expert, 3 m-tiles
+  run_cluster_vs_plain_v11({0, 1, 129, 256, 257, 640, 0, 383}, 640, 2048, 1262);  // 0, 1, 2, 2, 3, 5, 0, 3 m-tiles
   // Many pairs per cluster: 48 experts of 0..700 rows at n 2176 (~100 pairs x 12-17 n-tiles).
   std::vector<int> counts;
   std::mt19937_64 rng(1263);
