@@ -354,9 +354,9 @@ __device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[La
 // and, kTmaScales, the A-scale box every 4th k-block. m0 / m_end: this CTA's tile rows; m_end <= m0: no tile (no
 // A chunk, no scale box; the ring slot still advances, as the math side's; B still loaded: in a pair the peer's
 // math needs this CTA's part, and the expected bytes stay those of every unit). b_row: the tile's first B row;
-// b_row_limit: the last row a part may start at (num_experts x n - kBBlockRows): a part of the last expert's
-// partial last n-tile starting past the tensor is moved back inside it (its columns are >= n: computed, never
-// stored), so no box lies wholly out of bounds.
+// b_rows: the B tensor's rows (num_experts x n): a part of the last expert's partial last n-tile that STARTS at or
+// past b_rows is moved back to start at b_rows - kBBlockRows (its columns are >= n: computed, never stored), so no
+// box lies wholly out of bounds; a part that starts inside stays (TMA zero-fills its rows past the end).
 // NOTES:
 // - The peer's bytes may complete on this CTA's `full` before this thread's arrive-expect of the same phase (the
 //   tx-count goes negative meanwhile): the phase cannot complete early, because it still waits for this thread's
@@ -368,7 +368,7 @@ __device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[La
 template <class Layout>
 __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
                                                           const CUtensorMap* b_map, const CUtensorMap* scale_map,
-                                                          int m0, int m_end, int b_row, int b_row_limit, bool shared_b,
+                                                          int m0, int m_end, int b_row, int b_rows, bool shared_b,
                                                           int cta_rank, int k_blocks,
                                                           PipelineCursor<Layout::kStageCount>& cursor,
                                                           int& scale_slot) {
@@ -377,7 +377,12 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
   constexpr uint16_t kAllCtas = (1u << Layout::kClusterSize) - 1;
   uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
   const int chunks = m_end > m0 ? min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows) : 0;
-  const int own_part_row = min(b_row + cta_rank * Layout::kBBlockRows, b_row_limit);
+  // Row of B part q (moved back inside the tensor only when it would start past it; see above).
+  const auto part_row = [&](int q) {
+    const int row = b_row + q * Layout::kBBlockRows;
+    return row < b_rows ? row : b_rows - Layout::kBBlockRows;
+  };
+  const int own_part_row = part_row(cta_rank);
   for (int kb = 0; kb < k_blocks; ++kb) {
     const bool group = Layout::kTmaScales && kb % Layout::kScaleGroupKBlocks == 0;
     const bool scale_box = group && chunks > 0;
@@ -393,8 +398,7 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
                             &smem.full[cursor.stage], kAllCtas);
     } else {
       for (int q = 0; q < Layout::kClusterSize; ++q)
-        tma_load_2d(b_stage + q * Layout::kBBlockBytes, b_map, kb * kBlockK,
-                    min(b_row + q * Layout::kBBlockRows, b_row_limit), &smem.full[cursor.stage]);
+        tma_load_2d(b_stage + q * Layout::kBBlockBytes, b_map, kb * kBlockK, part_row(q), &smem.full[cursor.stage]);
     }
     if (group) {
       if (scale_box)
@@ -501,8 +505,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         const int b_row = expert * params.n + where.n_tile * kBlockN;
         if constexpr (kCluster)
           wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
-                                    params.num_experts * params.n - Layout::kBBlockRows, where.shared_b, cta_rank,
-                                    k_blocks, cursor, scale_slot);
+                                    params.num_experts * params.n, where.shared_b, cta_rank, k_blocks, cursor,
+                                    scale_slot);
         else if constexpr (kTmaScales)
           wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
                                        cursor, scale_slot);

@@ -213,9 +213,9 @@ class ScopedEnv {
 // (TMA scales when k % 512 == 0, else the launcher falls back to the cp.async scales) and must give the
 // same bits either way.
 constexpr const char* kV11TmaScalesEnv = "MEGAMOE_FP8_V11_TMA_SCALES";
-// The v11 GEMM-2 cluster switch (MEGAMOE_GEMM_CLUSTER; docs/grouped_gemm.md "v11 clusters"): every v11 GEMM-2 run
-// below also runs with it off and on (clusters of 2 CTAs sharing each B tile by multicast) and must give the same
-// bits either way.
+// The v11 cluster switch (MEGAMOE_GEMM_CLUSTER; docs/grouped_gemm.md "v11 clusters"): every v11 GEMM-2 run and
+// every v11 GEMM-1 run of the 128 x 256 tile below also runs with it off and on (clusters of 2 CTAs sharing each B
+// tile by multicast) and must give the same bits either way.
 constexpr const char* kGemmClusterEnv = "MEGAMOE_GEMM_CLUSTER";
 
 // schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
@@ -817,10 +817,17 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
     // else the launcher falls back): codes and scales bit-identical to v9 (and so to split-N). The v11 kernel
     // has one schedule and ignores the v9 skew. small = 1: the v11 GEMM-1 small tile (64 x 256, the math
     // warpgroups split N, per-row amax exchange; docs/grouped_gemm.md "v11 GEMM 1 small"), same requirement.
+    // The 128 x 256 tile also in clusters of 2 (MEGAMOE_GEMM_CLUSTER=1, docs/grouped_gemm.md "v11 clusters").
+    struct V11Variant {
+      int small;
+      const char* cluster;
+    };
     for (const char* tma_scales : {"0", "1"}) {
       const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
-      for (const int small : {0, 1}) {
-        const char* what = small ? "v11 small" : "v11";
+      for (const V11Variant variant : {V11Variant{0, "0"}, V11Variant{0, "1"}, V11Variant{1, "0"}}) {
+        const ScopedEnv cluster_env(kGemmClusterEnv, variant.cluster);
+        const int small = variant.small;
+        const char* what = small ? "v11 small" : variant.cluster[0] == '1' ? "v11 cluster" : "v11";
         args.v11 = 1;
         args.v11_small = small;
         const auto v11 = run_once(schedule);
