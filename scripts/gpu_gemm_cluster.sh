@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One device call (ONE H200, <= 200 s): the v11 cluster kernels (MEGAMOE_GEMM_CLUSTER=1: clusters of 2 CTAs share each
 # B tile by TMA multicast; docs/grouped_gemm.md "v11 clusters"). Prebuilt: scripts/prebuild.sh gemm-cluster /work/main
-# from /work/wt/gemm-cluster; carry .xfer/pre-gemm-cluster.
-#   source scripts/use_prebuilt.sh gemm-cluster && OUT=$OUT bash scripts/gpu_gemm_cluster.sh
-# (1) GroupedGemmFp8.* with the switch on (the v11 GEMM-2 runs toggle it themselves and must be bit-identical to the
-# v8-v10 kernel and to cluster 0; the v11 GEMM-1 runs take it from the environment and must be bit-identical to v9),
-# then the v11 cases again with MEGAMOE_GEMM_M_FASTEST=1 too; (2) bench gemm fp8, 128 experts, GEMM 1 = v11 (the
+# from /work/wt/gemm-cluster; carry .xfer/pre-gemm-cluster and the branch's tree as .xfer/gemm-cluster
+# (git -C /work/wt/gemm-cluster archive gemm-cluster | tar -x -C /work/main/.xfer/gemm-cluster), then from the root:
+#   source scripts/use_prebuilt.sh gemm-cluster .xfer/gemm-cluster && \
+#     PREBUILT=$PREBUILT OUT=$OUT bash .xfer/gemm-cluster/scripts/gpu_gemm_cluster.sh
+# (or, once merged: source scripts/use_prebuilt.sh gemm-cluster && OUT=$OUT bash scripts/gpu_gemm_cluster.sh)
+# (1) GroupedGemmFp8.* with the switch on in the environment (the v11 runs also toggle it themselves: GEMM 2 must be
+# bit-identical to the v8-v10 kernel and V11ClusterMatchesNoCluster cluster 1 to 0; GEMM 1 to v9), then the v11
+# cases again with MEGAMOE_GEMM_M_FASTEST=1 too; (2) bench gemm fp8, 128 experts, GEMM 1 = v11 (the
 # interleaved weights), GEMM 2 = v11 (library default): multinomial rows at means 256 / 512 / 1024 and exact rows
 # 1024 / 4096, dsv3 / ms4 / qwen3-30b, cluster 0 / 1 in alternating processes, two rounds, then the same with
 # M_FASTEST=1 (one round). Steps in priority order: the budget cuts the last ones. Table last.
@@ -13,7 +16,7 @@ set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 B=${PREBUILT:?source scripts/use_prebuilt.sh gemm-cluster first}; T=$B/tests
 budget_s=${BUDGET_S:-200}; pack_name=gemm_cluster.tgz
-source scripts/device_steps.sh
+source "$(dirname "$0")/device_steps.sh"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | head -1
 step test_cluster 80 env MEGAMOE_GEMM_CLUSTER=1 "$T/megamoe_tests_gpu" --gtest_filter='GroupedGemmFp8.*'
 step test_cluster_mf 40 env MEGAMOE_GEMM_CLUSTER=1 MEGAMOE_GEMM_M_FASTEST=1 "$T/megamoe_tests_gpu" \
