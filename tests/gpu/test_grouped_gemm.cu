@@ -555,7 +555,8 @@ TEST(GroupedGemmFp8, V11ClusterMatchesNoCluster) {
   run_cluster_vs_plain_v11({77}, 640, 512, 1260);   // one expert, 1 m-tile
   run_cluster_vs_plain_v11({300}, 384, 1024, 1261);  // one expert, 3 m-tiles
   run_cluster_vs_plain_v11({0, 1, 129, 256, 257, 640, 0, 383}, 640, 2048, 1262);  // 0, 1, 2, 2, 3, 5, 0, 3 m-tiles
-  // Many pairs per cluster: 48 experts of 0..700 rows at n 2176 (~100 pairs x 12-17 n-tiles).
+  // Many units per cluster: 48 experts of 0..700 rows (~140 m-tiles, pairs and lone units) at n 2176 (12 / 17 n-tiles):
+  // ~12-17 units per cluster.
   std::vector<int> counts;
   std::mt19937_64 rng(1263);
   std::uniform_int_distribution<int> rows(0, 700);
