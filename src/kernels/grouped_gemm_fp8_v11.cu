@@ -52,9 +52,10 @@ void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGe
 template <int kBlockN, bool kTmaScales>
 void launch_wide_cluster_switch(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
                                 cudaStream_t stream) {
-  // MEGAMOE_GEMM_CLUSTER=1: clusters of 2 sharing B by multicast (docs/grouped_gemm.md "v11 clusters"; default 0
-  // while measured). Same outputs bit for bit either way.
-  if (env_switch("MEGAMOE_GEMM_CLUSTER", false)) launch_wide<kBlockN, kTmaScales, true>(a, weights, params, stream);
+  // MEGAMOE_GEMM_CLUSTER=1: clusters of 2 sharing B by multicast (docs/grouped_gemm.md "v11 clusters"; default
+  // prefer_fp8_gemm2_cluster: off, measured slower). Same outputs bit for bit either way.
+  if (env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm2_cluster(params.k)))
+    launch_wide<kBlockN, kTmaScales, true>(a, weights, params, stream);
   else launch_wide<kBlockN, kTmaScales, false>(a, weights, params, stream);
 }
 

@@ -58,9 +58,9 @@ void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::
   const int block_m = small ? 64 : 128;
   const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", true) && params.k % 512 == 0 &&
                           params.m_capacity >= block_m && reinterpret_cast<uintptr_t>(params.a_scales) % 16 == 0;
-  // MEGAMOE_GEMM_CLUSTER=1: the 128 x 256 tile in clusters of 2 (docs/grouped_gemm.md "v11 clusters"; default 0
-  // while measured; the small tile has no cluster form). Same outputs bit for bit either way.
-  const bool cluster = !small && env_switch("MEGAMOE_GEMM_CLUSTER", false);
+  // The 128 x 256 tile in clusters of 2 (docs/grouped_gemm.md "v11 clusters"; default prefer_fp8_gemm1_cluster, i.e.
+  // K >= 4096; MEGAMOE_GEMM_CLUSTER=0|1 overrides; the small tile has no cluster form). Same outputs bit for bit.
+  const bool cluster = !small && env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm1_cluster(params.k));
   if (small) {
     if (tma_scales) launch_wide_gemm1<true, 64>(a, weights, params, stream);
     else launch_wide_gemm1<false, 64>(a, weights, params, stream);
