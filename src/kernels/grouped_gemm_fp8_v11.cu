@@ -2,6 +2,10 @@
 // "v11"); grouped_gemm.cu validates the arguments and calls launch_fp8_v11 when v11 is selected.
 #include <cuda.h>
 
+#include <array>
+#include <atomic>
+
+#include "kernels/cluster_launch.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_fp8_wide_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
@@ -9,17 +13,20 @@
 namespace megamoe::kernels::detail {
 namespace {
 
-template <int kBlockN, bool kTmaScales>
+// kCluster (MEGAMOE_GEMM_CLUSTER=1): clusters of 2 CTAs share each B tile by TMA multicast (docs/grouped_gemm.md
+// "v11 clusters"); B is loaded in kBlockN / 2-row parts.
+template <int kBlockN, bool kTmaScales, bool kCluster>
 void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params, cudaStream_t stream) {
-  using Layout = sm90::WideFp8Layout<kBlockN, kTmaScales>;
+  using Layout = sm90::WideFp8Layout<kBlockN, kTmaScales, kCluster ? 2 : 1>;
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "v11 layout overflows 227 KiB of shared memory at kMaxExperts");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
                 "v11 bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
-  // A in 64-row boxes (produce_fp8_tile_trimmed), B in kBlockN-row boxes over all experts' rows.
+  // A in 64-row boxes (produce_fp8_tile_trimmed), B in kBlockN-row boxes over all experts' rows (kCluster: each CTA
+  // loads kBBlockRows = kBlockN / 2 of them).
   const CUtensorMap a_map = make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);
-  const CUtensorMap b_map =
-      make_grouped_gemm_tensor_map(weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, kBlockN);
+  const CUtensorMap b_map = make_grouped_gemm_tensor_map(
+      weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBBlockRows);
   // kTmaScales: the A scales [m_capacity, k / 128] fp32 as bytes [m_capacity, k / 32], boxes of 16 bytes
   // (4 k-blocks) x 128 rows, no swizzle; rows past m_capacity read as zeros. Otherwise an unused copy.
   CUtensorMap scale_map = a_map;
@@ -27,12 +34,29 @@ void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGe
     scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
                                      Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN, kTmaScales>;
+  auto* kernel = &sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN, kTmaScales, kCluster>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   sm90::GroupedGemmParams ordered = params;
   ordered.m_fastest = env_switch("MEGAMOE_GEMM_M_FASTEST", false);  // tile order only (locate_tile_ordered)
-  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, ordered);
-  MEGAMOE_LAUNCH_CHECK();
+  if constexpr (kCluster) {
+    static std::array<std::atomic<int>, kClusterGridDevices> grids{};  // per device, this instantiation
+    launch_cluster_kernel(kernel, cluster_grid(kernel, shared_bytes, grids), shared_bytes, stream, a_map, b_map,
+                          scale_map, ordered);
+  } else {
+    kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, ordered);
+    MEGAMOE_LAUNCH_CHECK();
+  }
+}
+
+// One or two CTAs per cluster (one instantiation each).
+template <int kBlockN, bool kTmaScales>
+void launch_wide_cluster_switch(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
+                                cudaStream_t stream) {
+  // MEGAMOE_GEMM_CLUSTER=1: clusters of 2 sharing B by multicast (docs/grouped_gemm.md "v11 clusters"; default
+  // prefer_fp8_gemm2_cluster: off, measured slower). Same outputs bit for bit either way.
+  if (env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm2_cluster(params.k)))
+    launch_wide<kBlockN, kTmaScales, true>(a, weights, params, stream);
+  else launch_wide<kBlockN, kTmaScales, false>(a, weights, params, stream);
 }
 
 }  // namespace
@@ -59,11 +83,11 @@ void launch_fp8_v11(const uint8_t* a, const float* a_scales, const uint8_t* weig
   const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", true) && k % 512 == 0 && m_capacity >= 128 &&
                           reinterpret_cast<uintptr_t>(a_scales) % 16 == 0;
   if (block_n == 128) {
-    if (tma_scales) launch_wide<128, true>(a, weights, params, stream);
-    else launch_wide<128, false>(a, weights, params, stream);
+    if (tma_scales) launch_wide_cluster_switch<128, true>(a, weights, params, stream);
+    else launch_wide_cluster_switch<128, false>(a, weights, params, stream);
   } else {
-    if (tma_scales) launch_wide<192, true>(a, weights, params, stream);
-    else launch_wide<192, false>(a, weights, params, stream);
+    if (tma_scales) launch_wide_cluster_switch<192, true>(a, weights, params, stream);
+    else launch_wide_cluster_switch<192, false>(a, weights, params, stream);
   }
 }
 

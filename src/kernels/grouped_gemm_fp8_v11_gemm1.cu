@@ -2,6 +2,10 @@
 // the arguments, fills the v9 parameters and calls launch_fp8_v11_gemm1 when it is selected.
 #include <cuda.h>
 
+#include <array>
+#include <atomic>
+
+#include "kernels/cluster_launch.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_fp8_wide_gemm1.cuh"
 #include "megamoe/error_cuda.h"
@@ -9,10 +13,12 @@
 namespace megamoe::kernels::detail {
 namespace {
 
-template <bool kTmaScales, int kBlockM>
+// kCluster (MEGAMOE_GEMM_CLUSTER=1, 128 x 256 only): clusters of 2 CTAs share each B tile by TMA multicast
+// (docs/grouped_gemm.md "v11 clusters"); B is loaded in 128-row parts.
+template <bool kTmaScales, int kBlockM, bool kCluster = false>
 void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
                        cudaStream_t stream) {
-  using Layout = sm90::WideGemm1Layout<kTmaScales, kBlockM>;
+  using Layout = sm90::WideGemm1Layout<kTmaScales, kBlockM, kCluster ? 2 : 1>;
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "v11 GEMM-1 layout overflows 227 KiB of shared memory at kMaxExperts");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % Layout::kBlockN == 0,
@@ -20,7 +26,7 @@ void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   // A in 64-row boxes (produce_fp8_tile_trimmed), B in 256-row boxes over all experts' packed rows.
   const CUtensorMap a_map = make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);
   const CUtensorMap b_map = make_grouped_gemm_tensor_map(
-      weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
+      weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBBlockRows);
   // kTmaScales: the A scales [m_capacity, k / 128] fp32 as bytes [m_capacity, k / 32] in 16-byte x kBlockM-row boxes
   // (as launch_fp8_v11). Otherwise an unused copy.
   CUtensorMap scale_map = a_map;
@@ -28,12 +34,18 @@ void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::Gro
     scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
                                      Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales, kBlockM>;
+  auto* kernel = &sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales, kBlockM, kCluster>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   sm90::GroupedGemmParams ordered = params;
   ordered.m_fastest = env_switch("MEGAMOE_GEMM_M_FASTEST", false);  // tile order only (locate_tile_ordered)
-  kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, ordered);
-  MEGAMOE_LAUNCH_CHECK();
+  if constexpr (kCluster) {
+    static std::array<std::atomic<int>, kClusterGridDevices> grids{};  // per device, this instantiation
+    launch_cluster_kernel(kernel, cluster_grid(kernel, shared_bytes, grids), shared_bytes, stream, a_map, b_map,
+                          scale_map, ordered);
+  } else {
+    kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, ordered);
+    MEGAMOE_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace
@@ -46,9 +58,15 @@ void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::
   const int block_m = small ? 64 : 128;
   const bool tma_scales = env_switch("MEGAMOE_FP8_V11_TMA_SCALES", true) && params.k % 512 == 0 &&
                           params.m_capacity >= block_m && reinterpret_cast<uintptr_t>(params.a_scales) % 16 == 0;
+  // The 128 x 256 tile in clusters of 2 (docs/grouped_gemm.md "v11 clusters"; default prefer_fp8_gemm1_cluster, i.e.
+  // K >= 4096; MEGAMOE_GEMM_CLUSTER=0|1 overrides; the small tile has no cluster form). Same outputs bit for bit.
+  const bool cluster = !small && env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm1_cluster(params.k));
   if (small) {
     if (tma_scales) launch_wide_gemm1<true, 64>(a, weights, params, stream);
     else launch_wide_gemm1<false, 64>(a, weights, params, stream);
+  } else if (cluster) {
+    if (tma_scales) launch_wide_gemm1<true, 128, true>(a, weights, params, stream);
+    else launch_wide_gemm1<false, 128, true>(a, weights, params, stream);
   } else {
     if (tma_scales) launch_wide_gemm1<true, 128>(a, weights, params, stream);
     else launch_wide_gemm1<false, 128>(a, weights, params, stream);

@@ -32,6 +32,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/sm90_gemm_heuristics.h"
 #include "kernels/sm90_grouped_schedule.cuh"
@@ -198,6 +199,16 @@ __device__ __forceinline__ float activate(float gate, float up, int kind, float 
 }
 
 // ---- shared memory and pipeline ---------------------------------------------------------------------
+// CTAs per cluster of a layout: Layout::kClusterSize where it has one (the v11 cluster kernels), else 1.
+template <class Layout, class = void>
+struct LayoutClusterSize {
+  static constexpr int value = 1;
+};
+template <class Layout>
+struct LayoutClusterSize<Layout, std::void_t<decltype(Layout::kClusterSize)>> {
+  static constexpr int value = Layout::kClusterSize;
+};
+
 template <class Layout>
 struct Fp8GemmShared {
   uint8_t* a_tiles;
@@ -224,10 +235,12 @@ struct Fp8GemmShared {
   }
   // One thread, before the CTA's first __syncthreads(). `full` completes on the TMA producer's
   // arrive-expect (+ its bytes) and, with shared scales, one cp.async arrival per scale-warp lane.
+  // Clusters (LayoutClusterSize > 1, the v11 cluster kernels): `empty` takes one arrival per math warp of
+  // EVERY CTA of the cluster (the peers multicast into this CTA's stages: docs/grouped_gemm.md "v11 clusters").
   __device__ __forceinline__ void init_barriers() const {
     for (int s = 0; s < Layout::kStageCount; ++s) {
       barrier_init(&full[s], Layout::kScalesInShared ? 1 + 32 : 1);
-      barrier_init(&empty[s], kMathWarpgroups * 4);  // lane 0 of every math warp
+      barrier_init(&empty[s], kMathWarpgroups * 4 * LayoutClusterSize<Layout>::value);  // lane 0 of every math warp
     }
     barrier_init_fence();
   }

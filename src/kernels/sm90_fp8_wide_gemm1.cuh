@@ -53,11 +53,16 @@ namespace megamoe::kernels::sm90 {
 // producers read them (WideFp8Layout's scheme with v9's FP8 row staging instead of BF16 staging).
 // kBlockMValue 128: v11 GEMM 1 (split-M); 64: v11 GEMM 1 small (split-N, "small" NOTES below), which adds the
 // per-row amax exchange ([2 tile parities][2 math warpgroups][64 rows] floats, 1 KiB) after the scales.
-template <bool kTmaScalesValue, int kBlockMValue = 128>
+// kClusterSizeValue 2: the cluster kernel (MEGAMOE_GEMM_CLUSTER=1, 128 x 256 only; docs/grouped_gemm.md "v11
+// clusters"): same layout, `empty` counts both CTAs' math warps, B arrives in two multicast 128-row parts.
+template <bool kTmaScalesValue, int kBlockMValue = 128, int kClusterSizeValue = 1>
 struct WideGemm1Layout {
   static_assert(kBlockMValue == 128 || kBlockMValue == 64, "128 x 256 (split-M) or 64 x 256 (split-N small)");
+  static_assert(kClusterSizeValue == 1 || (kClusterSizeValue == 2 && kBlockMValue == 128),
+                "v11 GEMM-1 clusters: pairs of 128 x 256 tiles");
   static constexpr int kBlockM = kBlockMValue;
   static constexpr int kBlockN = 256;  // packed gate/up columns: 128 outputs
+  static constexpr int kClusterSize = kClusterSizeValue;
   static constexpr int kStageCount = 4;
   static constexpr bool kScalesInShared = true;
   static constexpr bool kTmaScales = kTmaScalesValue;
@@ -65,6 +70,10 @@ struct WideGemm1Layout {
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kTilesBytes = kStageCount * (kABytes + kBBytes);
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage bases stay 1024-byte aligned (128-byte swizzle)");
+  // Clusters: CTA r loads packed B rows [r kBBlockRows, (r + 1) kBBlockRows) of the tile (WideFp8Layout's NOTES).
+  static constexpr int kBBlockRows = kBlockN / kClusterSize;
+  static constexpr int kBBlockBytes = kBBlockRows * kBlockK;
+  static_assert(kBBlockRows % 8 == 0 && kBBlockBytes % 1024 == 0, "B parts: whole 128-byte swizzle atoms");
   // FP8 row staging of swiglu_quant_fp8_rows_epilogue (Fp8GemmShared::fp8_row_staging = kTilesBytes):
   // 8 math warps x 16 rows x kFp8StagingPitch.
   static constexpr int kStagingOffset = kTilesBytes;
@@ -103,7 +112,6 @@ __device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[kHalves][
                                                   const Fp8GemmShared<Layout>& smem, const float* slot,
                                                   float scale_a0, float scale_a1, uint32_t a_low, uint32_t b_low,
                                                   int& stage, uint32_t& phase) {
-  const int lane = threadIdx.x % 32;
   const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) {
@@ -120,7 +128,7 @@ __device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[kHalves][
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
     if (h == kHalves - 1) {
-      if (lane == 0) barrier_arrive(&smem.empty[stage]);
+      wide_release_stage<Layout::kClusterSize>(&smem.empty[stage]);
       stage = stage + 1 == Layout::kStageCount ? 0 : stage + 1;
       phase ^= stage == 0 ? 1u : 0u;
     }
@@ -262,11 +270,16 @@ __device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout
 // out_scales [rows, n / 256], activation / limit / alpha, topk_weights. scale_map: the A scales as bytes
 // (kTmaScales only). kBlockMValue: 128 (v11 GEMM 1) or 64 (v11 GEMM 1 small); the producer warpgroup's code is
 // the same for both (the tile height enters through Layout), the math warpgroups' differs (split-M vs split-N).
-template <bool kTmaScales, int kBlockMValue = 128>
+// kCluster (128 x 256 only; launched with cluster dims (2, 1, 1)): the cluster-of-2 schedule (locate_cluster_tile:
+// pairs of m-tiles of one expert and n-tile sharing the B tile by multicast halves, lone units for an odd last
+// m-tile): the scheme, barrier protocol and invariants of sm90_fp8_wide_grouped_gemm_kernel's kCluster NOTES,
+// unchanged (wide_produce_tile_cluster, wide_release_stage, the start / exit cluster barriers).
+template <bool kTmaScales, int kBlockMValue = 128, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                                const __grid_constant__ CUtensorMap scale_map, const GroupedGemmParams params) {
-  using Layout = WideGemm1Layout<kTmaScales, kBlockMValue>;
+  static_assert(!kCluster || kBlockMValue == 128, "clusters: the 128 x 256 tile");
+  using Layout = WideGemm1Layout<kTmaScales, kBlockMValue, kCluster ? 2 : 1>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
   constexpr int kStages = Layout::kStageCount;
@@ -277,29 +290,41 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
+  const int first_unit =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
+  const int unit_step =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
   if (threadIdx.x == 0) {
     smem.init_barriers();
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&b_map);
     if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
   }
-  if (warp == 1) build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
-  __syncthreads();
-
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = params.n / kBlockN;
   const int n_blocks = params.n / 128;
-  const int total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
+  if (warp == 1)
+    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
+                                               n_tiles);
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  else __syncthreads();
 
-  constexpr uint32_t kProducerRegs = 24;
-  constexpr uint32_t kMathRegs = 240;
+  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
+  const int total_units =
+      __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
+
+  // kCluster: 40 + 2 x 232 (as the GEMM-2 cluster kernel: the cluster producer spills at 24).
+  constexpr uint32_t kProducerRegs = kCluster ? 40 : 24;
+  constexpr uint32_t kMathRegs = kCluster ? 232 : 240;
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
     if (warp == 1) {  // the scale warp: (A scales,) the tile's gate block 2 n_tile and up block 2 n_tile + 1
       PipelineCursor<kStages> cursor;
       int expert = 0;
-      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-        const TileCoordinates where = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
+      for (int unit = first_unit; unit < total_units; unit += unit_step) {
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const float* gate_scales =
             params.b_scales + (static_cast<int64_t>(expert) * n_blocks + 2 * where.n_tile) * k_blocks;
         if constexpr (kTmaScales)
@@ -309,69 +334,78 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                              k_blocks, cursor);
       }
       cp_async_wait_all();
-      return;
-    }
-    if (threadIdx.x != 0) return;
-    PipelineCursor<kStages> cursor;
-    int expert = 0;
-    int scale_slot = 0;
-    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      const TileCoordinates where = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
-      if constexpr (kTmaScales)
-        wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end,
-                                     expert * params.n + where.n_tile * kBlockN, k_blocks, cursor, scale_slot);
-      else
-        produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, expert * params.n + where.n_tile * kBlockN,
-                                 k_blocks, cursor);
-    }
-    return;
-  }
-
-  registers_increase<kMathRegs>();
-  const int math_wg = warpgroup - 1;
-  const int lane = threadIdx.x % 32;
-  const int warp_in_wg = warp % 4;
-  if constexpr (kBlockM == 64) {
-    wide_gemm1_small_math(smem, table, params, math_wg, warp_in_wg, lane, k_blocks, n_tiles, total_tiles);
-  } else {
-    const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale row of fragment row 0
-    const uint32_t a_descriptor0 = __shfl_sync(
-        0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
-    const uint32_t b_descriptor0 =
-        __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
-
-    int stage = 0;
-    uint32_t phase = 0;
-    int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
-    int expert = 0;
-    float accumulator[2][64];
-    float partial[64];
-    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      const TileCoordinates t = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
-      const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
-      const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
-      const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
-      expert = __shfl_sync(0xffffffffu, expert, 0);
-      if (m_end - m0 <= 64 * math_wg) {  // none of this warpgroup's rows: release every stage unread
-#pragma unroll 1
-        for (int kb = 0; kb < k_blocks; ++kb) {
-          barrier_wait(&smem.full[stage], phase);
-          if (lane == 0) barrier_arrive(&smem.empty[stage]);
-          stage = stage + 1 == kStages ? 0 : stage + 1;
-          phase ^= stage == 0 ? 1u : 0u;
-        }
-        if constexpr (kTmaScales)
-          scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
-        continue;
+    } else if (threadIdx.x == 0) {
+      PipelineCursor<kStages> cursor;
+      int expert = 0;
+      int scale_slot = 0;
+      for (int unit = first_unit; unit < total_units; unit += unit_step) {
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
+        const int b_row = expert * params.n + where.n_tile * kBlockN;
+        // n % 256 == 0: a B part never starts past the last expert's rows (never moved).
+        if constexpr (kCluster)
+          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                    params.num_experts * params.n, where.shared_b, cta_rank, k_blocks, cursor,
+                                    scale_slot);
+        else if constexpr (kTmaScales)
+          wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
+                                       cursor, scale_slot);
+        else
+          produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, b_row, k_blocks, cursor);
       }
-      wide_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0, scale_row,
-                                       stage, phase, scale_slot);
-      swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.fp8_row_staging, m0 + math_wg * 64, m_end, n_tile,
-                                            params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
-                                            params.out_scales, params.activation, params.limit, params.alpha);
     }
-    bulk_wait_all();  // the epilogue's bulk copies
+  } else {
+    registers_increase<kMathRegs>();
+    const int math_wg = warpgroup - 1;
+    const int lane = threadIdx.x % 32;
+    const int warp_in_wg = warp % 4;
+    if constexpr (kBlockM == 64) {
+      wide_gemm1_small_math(smem, table, params, math_wg, warp_in_wg, lane, k_blocks, n_tiles, total_units);
+    } else {
+      const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale row of fragment row 0
+      const uint32_t a_descriptor0 = __shfl_sync(
+          0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
+      const uint32_t b_descriptor0 =
+          __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
+
+      int stage = 0;
+      uint32_t phase = 0;
+      int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
+      int expert = 0;
+      float accumulator[2][64];
+      float partial[64];
+      for (int unit = first_unit; unit < total_units; unit += unit_step) {
+        const ClusterTileCoordinates t =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
+        const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
+        const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
+        const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
+        expert = __shfl_sync(0xffffffffu, expert, 0);
+        // None of this warpgroup's rows (kCluster: also a CTA without a tile, m_end <= m0): release every stage
+        // unread.
+        if (m_end - m0 <= 64 * math_wg) {
+#pragma unroll 1
+          for (int kb = 0; kb < k_blocks; ++kb) {
+            barrier_wait(&smem.full[stage], phase);
+            wide_release_stage<Layout::kClusterSize>(&smem.empty[stage]);
+            stage = stage + 1 == kStages ? 0 : stage + 1;
+            phase ^= stage == 0 ? 1u : 0u;
+          }
+          if constexpr (kTmaScales)
+            scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
+          continue;
+        }
+        wide_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
+                                         scale_row, stage, phase, scale_slot);
+        swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.fp8_row_staging, m0 + math_wg * 64, m_end, n_tile,
+                                              params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
+                                              params.out_scales, params.activation, params.limit, params.alpha);
+      }
+      bulk_wait_all();  // the epilogue's bulk copies
+    }
   }
+  // kCluster: no CTA leaves while its peer may still arrive on its barriers.
+  if constexpr (kCluster) cluster_sync();
 }
 
 }  // namespace megamoe::kernels::sm90

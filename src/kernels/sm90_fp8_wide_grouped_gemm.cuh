@@ -53,11 +53,15 @@ namespace megamoe::kernels::sm90 {
 // group) + 32 -> 230,508 B.
 // (with 96 / 64 B of barriers, the 12,300 B tile table at kMaxExperts and 1,024 B alignment slack; the
 // limit is 232,448 B).
-template <int kBlockNValue, bool kTmaScalesValue = false>
+// kClusterSizeValue: 1, or 2 for the cluster kernel (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters"):
+// same layout, `empty` counts the math warps of both CTAs, B arrives in two multicast halves.
+template <int kBlockNValue, bool kTmaScalesValue = false, int kClusterSizeValue = 1>
 struct WideFp8Layout {
   static_assert(kBlockNValue == 128 || kBlockNValue == 192, "v11 tiles: 128 x 128 or 128 x 192");
+  static_assert(kClusterSizeValue == 1 || kClusterSizeValue == 2, "v11 clusters: 1 or 2 CTAs");
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockNValue;
+  static constexpr int kClusterSize = kClusterSizeValue;
   static constexpr int kStageCount = kBlockN == 128 ? 6 : 4;
   static constexpr bool kScalesInShared = true;
   static constexpr bool kTmaScales = kTmaScalesValue;
@@ -65,6 +69,12 @@ struct WideFp8Layout {
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kTilesBytes = kStageCount * (kABytes + kBBytes);
   static_assert(kABytes % 1024 == 0 && kBBytes % 1024 == 0, "stage bases stay 1024-byte aligned (128-byte swizzle)");
+  // Clusters: CTA r of the pair loads B rows [r kBBlockRows, (r + 1) kBBlockRows) of the tile (96 or 64 rows: whole
+  // 8-row swizzle atoms, so the half lands 1024-byte aligned at r kBBlockBytes and the two halves form the same
+  // image as one kBlockN-row box) and multicasts them to both CTAs.
+  static constexpr int kBBlockRows = kBlockN / kClusterSize;
+  static constexpr int kBBlockBytes = kBBlockRows * kBlockK;
+  static_assert(kBBlockRows % 8 == 0 && kBBlockBytes % 1024 == 0, "B parts: whole 128-byte swizzle atoms");
   // Staging: row pitch kBlockN BF16 + 16 B (words = 4 mod 32: the conflict-free pattern of kBf16StagingPitch).
   static constexpr int kStagingPitch = kBlockN * 2 + 16;
   static_assert((kStagingPitch / 4) % 32 == 4 && kStagingPitch % 16 == 0, "staging bank math");
@@ -97,6 +107,19 @@ __device__ __forceinline__ void wgmma_e4m3_wide(float (&d)[kN / 2], uint64_t a_d
   else wgmma_m64n192k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
 }
 
+// Releases a stage after the math warp's reads of it (wgmma waited): lane 0 arrives on this CTA's `empty`, or, in a
+// cluster, lane r on CTA r's (both CTAs wrote into the stage: the peer's B part by multicast; a stage is refilled
+// only once the math warps of every CTA of the cluster have released it, see the kernel's NOTES).
+template <int kClusterSize>
+__device__ __forceinline__ void wide_release_stage(uint64_t* empty) {
+  const int lane = threadIdx.x % 32;
+  if constexpr (kClusterSize == 1) {
+    if (lane == 0) barrier_arrive(empty);
+  } else {
+    if (lane < kClusterSize) barrier_arrive_cluster(empty, static_cast<uint32_t>(lane));
+  }
+}
+
 // One k-block of one math warpgroup, after its `full` wait (both K loops below): the 4 wgmma of the stage into
 // `partial`, wait, release the stage, advance the cursor, promote with this thread's two rows' A scales and the
 // tile's two B block scales (8-column groups j < kFormerGroups take B scale 0). Per element the arithmetic of
@@ -109,7 +132,6 @@ __device__ __forceinline__ void wide_fp8_kblock(float (&accumulator)[Layout::kBl
                                                 float scale_b0, float scale_b1, int& stage, uint32_t& phase) {
   constexpr int kRegisters = Layout::kBlockN / 2;
   constexpr int kStages = Layout::kStageCount;
-  const int lane = threadIdx.x % 32;
   const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
   const uint32_t b_low = b_descriptor0 + stage * (Layout::kBBytes >> 4);
 #pragma unroll
@@ -123,7 +145,7 @@ __device__ __forceinline__ void wide_fp8_kblock(float (&accumulator)[Layout::kBl
   wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < kRegisters; ++i) fence_operand(partial[i]);
-  if (lane == 0) barrier_arrive(&smem.empty[stage]);
+  wide_release_stage<Layout::kClusterSize>(&smem.empty[stage]);
   stage = stage + 1 == kStages ? 0 : stage + 1;
   phase ^= stage == 0 ? 1u : 0u;
   const float scale00 = scale_a0 * scale_b0, scale01 = scale_a0 * scale_b1;
@@ -321,15 +343,101 @@ __device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[La
   __syncwarp();
 }
 
+// ---- Clusters of 2 CTAs (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters") ----
+// Producer thread of one CTA of a cluster for one schedule unit (locate_cluster_tile): per k-block, after its
+// `empty` wait (which completes only once the math warps of BOTH CTAs released the stage: `empty` counts 2 x 8
+// arrivals), it expects its A chunks + the WHOLE B tile + the A-scale group box, then loads its A chunks (this CTA
+// only) and the B tile in two kBBlockRows-row parts:
+// - shared_b (a pair: both CTAs multiply the same B tile): only part cta_rank, multicast to both CTAs (the peer
+//   loads the other part the same way; both complete bytes on both CTAs' `full`);
+// - otherwise (a lone unit: each CTA its own n-tile): both parts, into this CTA only.
+// and, kTmaScales, the A-scale box every 4th k-block. m0 / m_end: this CTA's tile rows; m_end <= m0: no tile (no
+// A chunk, no scale box; the ring slot still advances, as the math side's; B still loaded: in a pair the peer's
+// math needs this CTA's part, and the expected bytes stay those of every unit). b_row: the tile's first B row;
+// b_rows: the B tensor's rows (num_experts x n): a part of the last expert's partial last n-tile that STARTS at or
+// past b_rows is moved back to start at b_rows - kBBlockRows (its columns are >= n: computed, never stored), so no
+// box lies wholly out of bounds; a part that starts inside stays (TMA zero-fills its rows past the end).
+// NOTES:
+// - The peer's bytes may complete on this CTA's `full` before this thread's arrive-expect of the same phase (the
+//   tx-count goes negative meanwhile): the phase cannot complete early, because it still waits for this thread's
+//   arrival, and the expect always exceeds the peer's kBBlockBytes (it includes this CTA's own B part).
+// - They can never land in an earlier phase: the peer issues k-block j into stage s only after ITS `empty` wait,
+//   which needs this CTA's math warps' releases of k-block j - kStages, given after their `full` wait of that
+//   phase: so this CTA's `full[s]` has completed phase j - kStages and stands in phase j. Both CTAs walk the same
+//   units with the same k_blocks, so their k-block sequences (and stage / phase cursors) are the same.
+template <class Layout>
+__device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                                          const CUtensorMap* b_map, const CUtensorMap* scale_map,
+                                                          int m0, int m_end, int b_row, int b_rows, bool shared_b,
+                                                          int cta_rank, int k_blocks,
+                                                          PipelineCursor<Layout::kStageCount>& cursor,
+                                                          int& scale_slot) {
+  static_assert(Layout::kClusterSize == 2 && Layout::kBlockM % kATrimRows == 0, "pairs; whole 64-row chunks");
+  constexpr int kChunkBytes = kATrimRows * kBlockK;
+  constexpr uint16_t kAllCtas = (1u << Layout::kClusterSize) - 1;
+  uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
+  const int chunks = m_end > m0 ? min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows) : 0;
+  // Row of B part q (moved back inside the tensor only when it would start past it; see above).
+  const auto part_row = [&](int q) {
+    const int row = b_row + q * Layout::kBBlockRows;
+    return row < b_rows ? row : b_rows - Layout::kBBlockRows;
+  };
+  const int own_part_row = part_row(cta_rank);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const bool group = Layout::kTmaScales && kb % Layout::kScaleGroupKBlocks == 0;
+    const bool scale_box = group && chunks > 0;
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
+                                                              (scale_box ? Layout::kAScaleGroupBytes : 0));
+    uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
+    for (int c = 0; c < chunks; ++c)
+      tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
+    uint8_t* b_stage = smem.b_tiles + cursor.stage * Layout::kBBytes;
+    if (shared_b) {
+      tma_load_2d_multicast(b_stage + cta_rank * Layout::kBBlockBytes, b_map, kb * kBlockK, own_part_row,
+                            &smem.full[cursor.stage], kAllCtas);
+    } else {
+      for (int q = 0; q < Layout::kClusterSize; ++q)
+        tma_load_2d(b_stage + q * Layout::kBBlockBytes, b_map, kb * kBlockK, part_row(q), &smem.full[cursor.stage]);
+    }
+    if (group) {
+      if (scale_box)
+        tma_load_2d(ring + scale_slot * Layout::kAScaleGroupBytes, scale_map, kb * 4, m0, &smem.full[cursor.stage]);
+      scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
+    }
+    cursor.advance();
+  }
+}
+
 // kTmaScales: A scales by TMA through scale_map (unused otherwise; NOTES above wide_produce_tile_tma_scales).
-template <int kBlockN, bool kTmaScales>
+// kCluster: clusters of 2 CTAs sharing each B tile by multicast (launched with cluster dims (2, 1, 1)):
+// NOTES (kCluster; docs/grouped_gemm.md "v11 clusters"):
+// - Schedule (locate_cluster_tile; the tile table counts its units): both CTAs of a cluster take the same unit
+//   (cluster index + k x clusters) with the same k_blocks, so their (unit, k-block) sequences and ring cursors are
+//   the same. A unit is a pair (m-tiles 2p, 2p + 1 of one expert and n-tile: B shared by multicast) or, for an
+//   expert's odd last m-tile, a lone unit (n-tiles 2j, 2j + 1 of that m-tile: each CTA loads its own B). A CTA
+//   without a tile (CTA 1 of the last lone unit at odd n_tiles) loads B only, releases every stage unread (both
+//   math warpgroups take the "none of this warpgroup's rows" path) and stores nothing.
+// - `empty` of a stage counts the 8 math warps of BOTH CTAs (lane r of each math warp arrives on CTA r's,
+//   wide_release_stage), because both producers write into both CTAs' stage (the B parts). Arrivals and waits keep
+//   CTA-scope semantics (barrier_arrive_cluster's NOTES: what crosses CTAs is async-proxy reads then TMA writes).
+//   `full` is unchanged (1 + 32 arrivals, A + whole B [+ scales] bytes).
+// - Start: barriers are initialised, then a cluster barrier (arrive.release / wait.acquire, all threads of both
+//   CTAs; it also orders the tile table) before any multicast or remote arrival can reach the peer.
+// - Exit: every thread reaches a final cluster barrier (no early return), so no CTA exits while its peer may
+//   still arrive on its `empty` barriers. The peer's multicast writes into this CTA have all completed by then:
+//   this CTA's math warps waited on every `full` phase, which counts those bytes.
+// - Outputs: per tile the same A rows, the same B image (two 8-row-atom-aligned halves), the same scales and
+//   the same FFMA sequence as the 1-CTA kernel: bit-identical; only which CTA computes a tile changes.
+template <int kBlockN, bool kTmaScales, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                       const __grid_constant__ CUtensorMap b_map,
                                       const __grid_constant__ CUtensorMap scale_map, const GroupedGemmParams params) {
-  using Layout = WideFp8Layout<kBlockN, kTmaScales>;
+  using Layout = WideFp8Layout<kBlockN, kTmaScales, kCluster ? 2 : 1>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kStages = Layout::kStageCount;
+  constexpr int kClusterSize = Layout::kClusterSize;
 
   extern __shared__ uint8_t shared_raw[];
   const Fp8GemmShared<Layout> smem(shared_raw);
@@ -337,30 +445,44 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  // This CTA's rank in its pair, the first schedule unit and the stride (uniform broadcasts).
+  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
+  const int first_unit =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
+  const int unit_step =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
   if (threadIdx.x == 0) {
     smem.init_barriers();
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&b_map);
     if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
   }
-  if (warp == 1) build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
-  __syncthreads();
-
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = (params.n + kBlockN - 1) / kBlockN;
   const int n_blocks = params.n / 128;
-  const int total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
+  if (warp == 1)
+    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
+                                               n_tiles);
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  else __syncthreads();
+
+  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
+  const int total_units =
+      __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
 
   // Register split as sm90_fp8_grouped_gemm_kernel (its NOTES: the pool is 168 x 384; 24 + 2 x 240 = 504).
-  constexpr uint32_t kProducerRegs = 24;
-  constexpr uint32_t kMathRegs = 240;
+  // kCluster: 40 + 2 x 232 = 504: the cluster producer spilled at 24 (ptxas: 28-40 bytes, in the producer and
+  // scale warps' tile loops); the math warpgroups need no more than 232 (ptxas: 0 spills).
+  constexpr uint32_t kProducerRegs = kCluster ? 40 : 24;
+  constexpr uint32_t kMathRegs = kCluster ? 232 : 240;
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
     if (warp == 1) {  // the scale warp: A scales of the tile's rows, the tile's two B block scales
       PipelineCursor<kStages> cursor;
       int expert = 0;
-      for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-        const TileCoordinates where = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
+      for (int unit = first_unit; unit < total_units; unit += unit_step) {
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int block0 = where.n_tile * kBlockN / 128;
         const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
         const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
@@ -369,91 +491,100 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
                                 expert_scales + static_cast<int64_t>(block1) * k_blocks, k_blocks, cursor);
         else
           produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
-                             expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end, k_blocks,
-                             cursor);
+                             expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end,
+                             k_blocks, cursor);
       }
       cp_async_wait_all();
-      return;
-    }
-    if (threadIdx.x != 0) return;
-    PipelineCursor<kStages> cursor;
-    int expert = 0;
-    int scale_slot = 0;
-    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      const TileCoordinates where = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
-      if constexpr (kTmaScales)
-        wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end,
-                                     expert * params.n + where.n_tile * kBlockN, k_blocks, cursor, scale_slot);
-      else
-        produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end,
-                                 expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
-    }
-    return;
-  }
-
-  registers_increase<kMathRegs>();
-  const int math_wg = warpgroup - 1;
-  const int lane = threadIdx.x % 32;
-  const int warp_in_wg = warp % 4;
-  const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale slot of fragment row 0
-  // Descriptor words of stage 0 (uniform: from the broadcast warpgroup index and the shared base).
-  const uint32_t a_descriptor0 = __shfl_sync(
-      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
-  const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
-  uint8_t* const warp_staging =
-      smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingRowsPerWarp * Layout::kStagingPitch;
-  __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
-
-  int stage = 0;
-  uint32_t phase = 0;
-  int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
-  int expert = 0;
-  float accumulator[kBlockN / 2];
-  float partial[kBlockN / 2];
-  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-    const TileCoordinates t = locate_tile_ordered(table, tile, n_tiles, kBlockM, expert, params.m_fastest);
-    const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
-    const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
-    const int n0 = __shfl_sync(0xffffffffu, t.n_tile, 0) * kBlockN;
-    expert = __shfl_sync(0xffffffffu, expert, 0);
-    if (m_end - m0 <= 64 * math_wg) {  // none of this warpgroup's rows: release every stage unread
-#pragma unroll 1
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        barrier_wait(&smem.full[stage], phase);
-        if (lane == 0) barrier_arrive(&smem.empty[stage]);
-        stage = stage + 1 == kStages ? 0 : stage + 1;
-        phase ^= stage == 0 ? 1u : 0u;
+    } else if (threadIdx.x == 0) {
+      PipelineCursor<kStages> cursor;
+      int expert = 0;
+      int scale_slot = 0;
+      for (int unit = first_unit; unit < total_units; unit += unit_step) {
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
+        const int b_row = expert * params.n + where.n_tile * kBlockN;
+        if constexpr (kCluster)
+          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                    params.num_experts * params.n, where.shared_b, cta_rank, k_blocks, cursor,
+                                    scale_slot);
+        else if constexpr (kTmaScales)
+          wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
+                                       cursor, scale_slot);
+        else
+          produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, b_row, k_blocks, cursor);
       }
-      // kTmaScales: the tile's k_blocks / 4 groups pass unread (the producer's slot advances as many).
-      if constexpr (kTmaScales) scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
-      continue;
     }
-    static_assert(wide_former_groups(128, 0) == 16 && wide_former_groups(192, 0) == 16 &&
-                      wide_former_groups(192, 192) == 8 && wide_former_groups(192, 384) == 16,
-                  "192 t starts 0 or 64 columns into a block: 16 or 8 groups of 8 columns in the first");
-    if constexpr (kTmaScales) {
-      if (kBlockN == 128 || wide_former_groups(kBlockN, n0) == 16)
-        wide_fp8_tile_mainloop_tma_scales<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0,
-                                                      b_descriptor0, scale_row, stage, phase, scale_slot);
-      else
-        wide_fp8_tile_mainloop_tma_scales<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0,
-                                                     b_descriptor0, scale_row, stage, phase, scale_slot);
-    } else if constexpr (kBlockN == 128) {
-      wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
-                                         scale_row, stage, phase);
-    } else {  // n0 = 192 t: the first scale block covers 128 (t even) or 64 (t odd) of the tile's columns
-      if (wide_former_groups(kBlockN, n0) == 16)
+  } else {
+    registers_increase<kMathRegs>();
+    const int math_wg = warpgroup - 1;
+    const int lane = threadIdx.x % 32;
+    const int warp_in_wg = warp % 4;
+    const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;  // A-scale slot of fragment row 0
+    // Descriptor words of stage 0 (uniform: from the broadcast warpgroup index and the shared base).
+    const uint32_t a_descriptor0 = __shfl_sync(
+        0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
+    const uint32_t b_descriptor0 =
+        __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
+    uint8_t* const warp_staging =
+        smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingRowsPerWarp * Layout::kStagingPitch;
+    __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
+
+    int stage = 0;
+    uint32_t phase = 0;
+    int scale_slot = 0;  // kTmaScales: A-scale group ring cursor
+    int expert = 0;
+    float accumulator[kBlockN / 2];
+    float partial[kBlockN / 2];
+    for (int unit = first_unit; unit < total_units; unit += unit_step) {
+      const ClusterTileCoordinates t =
+          locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
+      const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
+      const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
+      const int n0 = __shfl_sync(0xffffffffu, t.n_tile, 0) * kBlockN;
+      expert = __shfl_sync(0xffffffffu, expert, 0);
+      // None of this warpgroup's rows (kCluster: also a CTA without a tile, m_end <= m0): release every stage unread.
+      if (m_end - m0 <= 64 * math_wg) {
+#pragma unroll 1
+        for (int kb = 0; kb < k_blocks; ++kb) {
+          barrier_wait(&smem.full[stage], phase);
+          wide_release_stage<kClusterSize>(&smem.empty[stage]);
+          stage = stage + 1 == kStages ? 0 : stage + 1;
+          phase ^= stage == 0 ? 1u : 0u;
+        }
+        // kTmaScales: the tile's k_blocks / 4 groups pass unread (the producer's slot advances as many).
+        if constexpr (kTmaScales)
+          scale_slot = (scale_slot + k_blocks / Layout::kScaleGroupKBlocks) % Layout::kAScaleGroups;
+        continue;
+      }
+      static_assert(wide_former_groups(128, 0) == 16 && wide_former_groups(192, 0) == 16 &&
+                        wide_former_groups(192, 192) == 8 && wide_former_groups(192, 384) == 16,
+                    "192 t starts 0 or 64 columns into a block: 16 or 8 groups of 8 columns in the first");
+      if constexpr (kTmaScales) {
+        if (kBlockN == 128 || wide_former_groups(kBlockN, n0) == 16)
+          wide_fp8_tile_mainloop_tma_scales<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0,
+                                                        b_descriptor0, scale_row, stage, phase, scale_slot);
+        else
+          wide_fp8_tile_mainloop_tma_scales<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0,
+                                                       b_descriptor0, scale_row, stage, phase, scale_slot);
+      } else if constexpr (kBlockN == 128) {
         wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                            scale_row, stage, phase);
-      else
-        wide_fp8_tile_mainloop<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
-                                          scale_row, stage, phase);
+      } else {  // n0 = 192 t: the first scale block covers 128 (t even) or 64 (t odd) of the tile's columns
+        if (wide_former_groups(kBlockN, n0) == 16)
+          wide_fp8_tile_mainloop<Layout, 16>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
+                                             scale_row, stage, phase);
+        else
+          wide_fp8_tile_mainloop<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
+                                            scale_row, stage, phase);
+      }
+      const uint32_t row_bytes = static_cast<uint32_t>(min(kBlockN, params.n - n0)) * 2u;
+      wide_bf16_epilogue<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, out + n0,
+                                 params.n, row_bytes);
     }
-    const uint32_t row_bytes = static_cast<uint32_t>(min(kBlockN, params.n - n0)) * 2u;
-    wide_bf16_epilogue<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, out + n0,
-                               params.n, row_bytes);
+    bulk_wait_all();
   }
-  bulk_wait_all();
+  // kCluster: no CTA leaves while its peer may still arrive on its barriers (NOTES above).
+  if constexpr (kCluster) cluster_sync();
 }
 
 }  // namespace megamoe::kernels::sm90

@@ -123,6 +123,14 @@ inline bool prefer_gate_up_interleaved8(int /*hidden*/) { return true; }
 // rows hint; MEGAMOE_FP8_GEMM1_V11=0 / GroupedGemm1Fp8Args::v11 = 0 keep v9.
 inline bool prefer_fp8_gemm1_v11(int /*rows_per_expert_hint*/) { return true; }
 
+// v11 clusters of 2 (docs/grouped_gemm.md "v11 clusters"; MEGAMOE_GEMM_CLUSTER=0|1 overrides both GEMMs). Measured
+// (session 15 call H, one H200, bench gemm fp8, 128 experts, cluster 0 / 1 in alternating processes, two rounds, µs):
+// GEMM 1 128 x 256 on dsv3 (K 7168) and ms4 (K 4096) 1.01-1.13x faster at multinomial means 256 / 512 / 1024 and exact
+// 1024 / 4096 rows (dsv3 exact 1024: 1146 -> 1233 TFLOP/s); qwen3-30b (K 2048) 0.98-0.99x. GEMM 2 0.88-1.04x (mostly
+// slower: its K-loop is short, and a cluster's two CTAs refill in lock step). So GEMM 1 from K >= 4096, GEMM 2 never.
+inline bool prefer_fp8_gemm1_cluster(int k) { return k >= 4096; }
+inline bool prefer_fp8_gemm2_cluster(int /*k*/) { return false; }
+
 // v11 GEMM 1 small (sm90_fp8_wide_gemm1.cuh, docs/grouped_gemm.md "v11 GEMM 1 small"): the 64 x 256 tile whose two
 // math warpgroups split N, on the same kGateUpInterleaved8 weights, for rows hints in (0, kFp8Gemm1SmallRowsLimit].
 // Bit-identical to v11's 128 x 256 tile. Measured (session 13 call 4, bench gemm, 128 experts, exact rows, best of 2

@@ -21,10 +21,18 @@ struct ExpertTileTable {
   static constexpr int bytes(int num_experts) { return 3 * 4 * (num_experts + 1); }
 };
 
+// Schedule units of one expert in the cluster-of-2 schedule (locate_cluster_tile): floor(t / 2) pairs of m-tiles
+// x n_tiles, then, for an odd m-tile count t, ceil(n_tiles / 2) units of the last m-tile (two n-tiles each).
+__device__ __forceinline__ int cluster_units(int m_tiles, int n_tiles) {
+  return m_tiles / 2 * n_tiles + m_tiles % 2 * ((n_tiles + 1) / 2);
+}
+
 // Fills the table; call from all 32 lanes of ONE warp, then __syncthreads() before reading it.
-template <int kBlockM>
+// kClusterUnits: tile_prefix counts the cluster-of-2 schedule's units (cluster_units, n_tiles needed) instead of
+// m-tiles.
+template <int kBlockM, bool kClusterUnits = false>
 __device__ __forceinline__ void build_expert_tile_table(const ExpertTileTable& table, const int32_t* offsets,
-                                                        int num_experts, int m_capacity) {
+                                                        int num_experts, int m_capacity, int n_tiles = 0) {
   const int lane = threadIdx.x % 32;
   int carry = 0;
   if (lane == 0) table.tile_prefix[0] = 0;
@@ -37,6 +45,7 @@ __device__ __forceinline__ void build_expert_tile_table(const ExpertTileTable& t
       table.row_begin[e] = begin;
       table.row_end[e] = end;
       tiles = (end - begin + kBlockM - 1) / kBlockM;
+      if constexpr (kClusterUnits) tiles = cluster_units(tiles, n_tiles);
     }
 #pragma unroll
     for (int delta = 1; delta < 32; delta *= 2) {  // inclusive scan of the tile counts
@@ -79,6 +88,61 @@ __device__ __forceinline__ TileCoordinates locate_tile_ordered(const ExpertTileT
   const int n_tile = local / m_tiles;
   const int m_tile = (local - n_tile * m_tiles + n_tile) % m_tiles;
   return {table.row_begin[expert] + m_tile * block_m, table.row_end[expert], n_tile};
+}
+
+// The cluster-of-2 schedule of the v11 cluster kernels (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters").
+// Both CTAs of a cluster take the same unit (cluster index + k x clusters); a unit is, inside an expert of t
+// m-tiles (the table built with kClusterUnits: tile_prefix counts units):
+// - a PAIR (the first floor(t / 2) x n_tiles units): m-tiles 2p (CTA 0) and 2p + 1 (CTA 1) of one n-tile, which
+//   share the B tile (shared_b: each CTA loads half of it and multicasts it to both). Order as locate_tile_ordered,
+//   on pairs: n-tile fastest, or (m_fastest) the pair fastest, rotated by the n-tile;
+// - a LONE unit (t odd: the last ceil(n_tiles / 2) units): the last m-tile with n-tiles 2j (CTA 0) and 2j + 1
+//   (CTA 1), no B shared (each CTA loads its own whole B tile). With n_tiles odd, CTA 1 of the last one has no
+//   tile: m0 = m_end (no rows: it loads only B, of the clamped n-tile, stores nothing).
+// NOTES: every tile of the expert is in exactly one unit on exactly one CTA, with its own coordinates: the outputs
+// do not depend on the schedule. The odd m-tile never leaves a CTA without work (as pairs of 2p, 2p + 1 padded
+// with an empty tile would: at multinomial rows per expert about every other expert has an odd count).
+struct ClusterTileCoordinates {
+  int m0;      // first row of this CTA's tile (m_end <= m0: no tile)
+  int m_end;   // one past the expert's last row
+  int n_tile;
+  bool shared_b;  // a pair: the B tile is shared with the other CTA (multicast halves)
+};
+__device__ __forceinline__ ClusterTileCoordinates locate_cluster_tile(const ExpertTileTable& table, int unit,
+                                                                      int n_tiles, int block_m, int cta_rank,
+                                                                      int& expert, bool m_fastest) {
+  while (table.tile_prefix[expert + 1] <= unit) ++expert;
+  const int local = unit - table.tile_prefix[expert];
+  const int begin = table.row_begin[expert], end = table.row_end[expert];
+  const int m_tiles = (end - begin + block_m - 1) / block_m;
+  const int pairs = m_tiles / 2;
+  if (local < pairs * n_tiles) {
+    int pair, n_tile;
+    if (m_fastest) {
+      n_tile = local / pairs;
+      pair = (local - n_tile * pairs + n_tile) % pairs;
+    } else {
+      pair = local / n_tiles;
+      n_tile = local - pair * n_tiles;
+    }
+    return {begin + (2 * pair + cta_rank) * block_m, end, n_tile, true};
+  }
+  const int n_tile = 2 * (local - pairs * n_tiles) + cta_rank;
+  if (n_tile >= n_tiles) return {end, end, n_tiles - 1, false};
+  return {begin + (m_tiles - 1) * block_m, end, n_tile, false};
+}
+
+// This CTA's tile of schedule unit `unit` in the v11 kernels' two schedules: kCluster, locate_cluster_tile (the table
+// counts cluster units); otherwise the tile `unit` of locate_tile_ordered (shared_b false).
+template <bool kCluster>
+__device__ __forceinline__ ClusterTileCoordinates locate_unit(const ExpertTileTable& table, int unit, int n_tiles,
+                                                              int block_m, int cta_rank, int& expert, bool m_fastest) {
+  if constexpr (kCluster) {
+    return locate_cluster_tile(table, unit, n_tiles, block_m, cta_rank, expert, m_fastest);
+  } else {
+    const TileCoordinates t = locate_tile_ordered(table, unit, n_tiles, block_m, expert, m_fastest);
+    return {t.m0, t.m_end, t.n_tile, false};
+  }
 }
 
 }  // namespace megamoe::kernels::sm90

@@ -33,6 +33,48 @@ __device__ __forceinline__ void barrier_arrive_expect_bytes(uint64_t* barrier, u
                                        barrier, bytes);
 }
 
+// ---- thread-block clusters (v11 cluster kernels, docs/grouped_gemm.md "v11 clusters") ------------------
+// This CTA's rank in its cluster, the cluster's index in the grid (x) and the number of clusters (x).
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+__device__ __forceinline__ uint32_t cluster_index_x() {
+  uint32_t index;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(index));
+  return index;
+}
+__device__ __forceinline__ uint32_t cluster_count_x() {
+  uint32_t count;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(count));
+  return count;
+}
+// One arrival on the mbarrier at `barrier`'s offset in the shared memory of CTA `cta_rank` of this cluster
+// (this CTA's own when cta_rank is its rank).
+// NOTES: the default semantics (release at CTA scope), not .release.cluster: that form costs MEMBAR.ALL.CTA +
+// MEMBAR.ALL.GPU + ERRBAR per arrival (SASS, CUDA 13), this one a lone SYNCS.ARRIVE.TRANS64.RED. The v11 cluster
+// kernels hand no generic-proxy data across CTAs: the arrival releases a stage the caller READ with wgmma (async
+// proxy, completed by wgmma.wait_group before the arrival) for the peer's TMA to overwrite; the waiting producer
+// uses the plain barrier_wait (an acquire.cluster wait adds CCTL.IVALL, an L1 invalidation, per completed wait).
+// CUTLASS's multicast pipelines release their stages the same way.
+__device__ __forceinline__ void barrier_arrive_cluster(uint64_t* barrier, uint32_t cta_rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(smem_address(barrier)),
+      "r"(cta_rank)
+      : "memory");
+}
+// Every thread of every CTA of the cluster: arrive (release) and wait (acquire). Not the .aligned form, so
+// it may be reached from diverged warps (the producer warpgroup's idle lanes).
+__device__ __forceinline__ void cluster_sync() {
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+  cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
+}
+
 // ---- cp.async, 4 bytes, completion counted on an mbarrier ------------------------------------------
 // Copies 4 bytes global -> shared, or zero-fills them when source_bytes = 0 (then nothing is read).
 __device__ __forceinline__ void cp_async_4(void* smem_destination, const void* source, uint32_t source_bytes) {
@@ -55,6 +97,14 @@ __device__ __forceinline__ void tma_load_2d(void* smem_destination, const void* 
   const int32_t coordinates[2] = {inner, outer};
   cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_destination,
                                   tensor_map, coordinates, barrier);
+}
+// tma_load_2d into the same shared-memory offset of every CTA of the cluster in cta_mask (bit r = rank r),
+// completion counted in bytes on the mbarrier at `barrier`'s offset in each of those CTAs.
+__device__ __forceinline__ void tma_load_2d_multicast(void* smem_destination, const void* tensor_map, int32_t inner,
+                                                      int32_t outer, uint64_t* barrier, uint16_t cta_mask) {
+  const int32_t coordinates[2] = {inner, outer};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, smem_destination, tensor_map,
+                                  coordinates, barrier, cta_mask);
 }
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tensor_map)) : "memory");

@@ -213,6 +213,10 @@ class ScopedEnv {
 // (TMA scales when k % 512 == 0, else the launcher falls back to the cp.async scales) and must give the
 // same bits either way.
 constexpr const char* kV11TmaScalesEnv = "MEGAMOE_FP8_V11_TMA_SCALES";
+// The v11 cluster switch (MEGAMOE_GEMM_CLUSTER; docs/grouped_gemm.md "v11 clusters"): every v11 GEMM-2 run and
+// every v11 GEMM-1 run of the 128 x 256 tile below also runs with it off and on (clusters of 2 CTAs sharing each B
+// tile by multicast) and must give the same bits either way.
+constexpr const char* kGemmClusterEnv = "MEGAMOE_GEMM_CLUSTER";
 
 // schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
 // bit-identical results: the schedules only reorder wgmma issue between the two math warpgroups, never
@@ -242,17 +246,20 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
   if (schedule == Fp8GemmSchedule::kPingPong)
     EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial, 0) == result) << "pingpong and serial outputs differ";
   if (v11_block_n != 0) {
-    for (const char* tma_scales : {"0", "1"}) {
-      const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
-      const auto wide = run_once(schedule, v11_block_n);
-      int64_t differ = 0;
-      for (size_t i = 0; i < wide.size(); ++i)
-        if (wide[i] != result[i] && differ++ < 5)
-          ADD_FAILURE() << "v11 (" << v11_block_n << ", TMA scales " << tma_scales << ") out[" << i / n << ", "
-                        << i % n << "] = 0x" << std::hex << wide[i] << " vs 0x" << result[i] << std::dec;
-      EXPECT_EQ(differ, 0) << "v11 outputs (TMA scales " << tma_scales
-                           << ") must be bit-identical to the v8-v10 kernel's";
-    }
+    for (const char* cluster : {"0", "1"})
+      for (const char* tma_scales : {"0", "1"}) {
+        const ScopedEnv cluster_env(kGemmClusterEnv, cluster);
+        const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
+        const auto wide = run_once(schedule, v11_block_n);
+        int64_t differ = 0;
+        for (size_t i = 0; i < wide.size(); ++i)
+          if (wide[i] != result[i] && differ++ < 5)
+            ADD_FAILURE() << "v11 (" << v11_block_n << ", TMA scales " << tma_scales << ", cluster " << cluster
+                          << ") out[" << i / n << ", " << i % n << "] = 0x" << std::hex << wide[i] << " vs 0x"
+                          << result[i] << std::dec;
+        EXPECT_EQ(differ, 0) << "v11 outputs (TMA scales " << tma_scales << ", cluster " << cluster
+                             << ") must be bit-identical to the v8-v10 kernel's";
+      }
   }
 
   const ReferenceGrid grid = reference_grid(p, n);
@@ -409,6 +416,7 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
     Fp8GemmSchedule schedule;
     int v11_block_n;
     const char* tma_scales = "0";  // v11 runs: MEGAMOE_FP8_V11_TMA_SCALES
+    const char* cluster = "0";     // v11 runs: MEGAMOE_GEMM_CLUSTER
   };
   std::vector<Run> runs;
   if (v11_block_ns.empty()) {
@@ -417,7 +425,9 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
         runs.push_back({hint, schedule, 0});
   } else {
     for (const int block_n : v11_block_ns)
-      for (const char* tma_scales : {"0", "1"}) runs.push_back({0, Fp8GemmSchedule::kAuto, block_n, tma_scales});
+      for (const char* cluster : {"0", "1"})
+        for (const char* tma_scales : {"0", "1"})
+          runs.push_back({0, Fp8GemmSchedule::kAuto, block_n, tma_scales, cluster});
   }
   for (const Run& run : runs) {
       const int hint = run.hint;
@@ -425,8 +435,10 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
       SCOPED_TRACE(what + " seed " + std::to_string(seed) + " experts " + std::to_string(p.experts) + " rows " +
                    std::to_string(p.offsets.back() - p.offsets.front()) + " n " + std::to_string(n) + " k " +
                    std::to_string(k) + " hint " + std::to_string(hint) + " schedule " + schedule_name(schedule) +
-                   " v11 " + std::to_string(run.v11_block_n) + " TMA scales " + run.tma_scales);
+                   " v11 " + std::to_string(run.v11_block_n) + " TMA scales " + run.tma_scales + " cluster " +
+                   run.cluster);
       const ScopedEnv env(kV11TmaScalesEnv, run.tma_scales);
+      const ScopedEnv cluster_env(kGemmClusterEnv, run.cluster);
       poison_device_buffer(out.data, out.bytes);
       args.rows_per_expert_hint = hint;
       args.schedule = schedule;
@@ -491,6 +503,65 @@ TEST(GroupedGemmFp8, V11ManyTilesPerCta) {
   run_plain_exact_many_tiles(counts, 2176, 384, seed, "v11 many tiles", {128, 192});  // TMA scales: fallback
   // k = 1024 (% 512 == 0): the TMA-scale runs take the TMA path, 2 groups of 4 k-blocks per tile.
   run_plain_exact_many_tiles(counts, 2176, 1024, seed + 1, "v11 many tiles, k 1024", {128, 192});
+}
+
+// v11 clusters (MEGAMOE_GEMM_CLUSTER=1, docs/grouped_gemm.md "v11 clusters"): the cluster kernel's outputs equal the
+// 1-CTA kernel's bit for bit on the same inputs (random, poisoned outputs before each run), both tile orders
+// (MEGAMOE_GEMM_M_FASTEST), both A-scale paths and both widths. Shapes: a single expert of 1 m-tile (lone units
+// only), odd m-tile counts (1, 3, 5: pairs then lone units of the last m-tile) and even ones, odd n-tile counts
+// (n 384 / 640 at width 128: 3 / 5 n-tiles, so the last lone unit's CTA 1 has no tile), row counts off the 64 /
+// 128-row boundaries, experts of 0 rows, and enough units for several per cluster (the ring and phases carried
+// across units; n 640 = 3 x 192 + 64 at width 192: a partial last n-tile whose second B part starts past the last
+// expert's rows, moved back inside the tensor).
+void run_cluster_vs_plain_v11(const std::vector<int>& counts, int n, int k, uint64_t seed) {
+  const Problem p = make_problem(counts, n, k, seed, false);
+  const PlainDeviceProblem device(p);
+  const DeviceBuffer& out = device.out;
+  kernels::GroupedGemmFp8Args args = device.args(p);
+  args.rows_per_expert_hint = 0;
+  args.schedule = Fp8GemmSchedule::kAuto;
+  args.v11 = 1;
+  for (const int block_n : {128, 192})
+    for (const char* m_fastest : {"0", "1"})
+      for (const char* tma_scales : {"0", "1"}) {
+        SCOPED_TRACE(describe(p, seed) + " v11 " + std::to_string(block_n) + " m-fastest " + m_fastest +
+                     " TMA scales " + tma_scales);
+        const ScopedEnv order_env("MEGAMOE_GEMM_M_FASTEST", m_fastest);
+        const ScopedEnv scales_env(kV11TmaScalesEnv, tma_scales);
+        args.v11_block_n = block_n;
+        const auto run_once = [&](const char* cluster) {
+          const ScopedEnv cluster_env(kGemmClusterEnv, cluster);
+          poison_device_buffer(out.data, out.bytes);
+          kernels::grouped_gemm_fp8_bf16out(args, nullptr);
+          MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
+          return out.download<uint16_t>();
+        };
+        const auto plain = run_once("0");
+        const auto clustered = run_once("1");
+        int64_t differ = 0, written = 0;
+        for (size_t i = 0; i < plain.size(); ++i) {
+          written += plain[i] != 0xFFFF;
+          if (clustered[i] != plain[i] && differ++ < 5)
+            ADD_FAILURE() << "cluster out[" << i / n << ", " << i % n << "] = 0x" << std::hex << clustered[i]
+                          << " vs 0x" << plain[i] << std::dec;
+        }
+        EXPECT_EQ(differ, 0) << "cluster 1 outputs must equal cluster 0's bit for bit";
+        EXPECT_GT(written, 0);
+      }
+}
+
+TEST(GroupedGemmFp8, V11ClusterMatchesNoCluster) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  run_cluster_vs_plain_v11({77}, 640, 512, 1260);   // one expert, 1 m-tile
+  run_cluster_vs_plain_v11({300}, 384, 1024, 1261);  // one expert, 3 m-tiles
+  run_cluster_vs_plain_v11({0, 1, 129, 256, 257, 640, 0, 383}, 640, 2048, 1262);  // 0, 1, 2, 2, 3, 5, 0, 3 m-tiles
+  // Many units per cluster: 48 experts of 0..700 rows (~140 m-tiles, pairs and lone units) at n 2176 (12 / 17 n-tiles):
+  // ~12-17 units per cluster.
+  std::vector<int> counts;
+  std::mt19937_64 rng(1263);
+  std::uniform_int_distribution<int> rows(0, 700);
+  for (int i = 0; i < 48; ++i) counts.push_back(rows(rng));
+  run_cluster_vs_plain_v11(counts, 2176, 512, 1263);
 }
 
 // Selection errors: block widths other than 128 / 192.
@@ -747,10 +818,17 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
     // else the launcher falls back): codes and scales bit-identical to v9 (and so to split-N). The v11 kernel
     // has one schedule and ignores the v9 skew. small = 1: the v11 GEMM-1 small tile (64 x 256, the math
     // warpgroups split N, per-row amax exchange; docs/grouped_gemm.md "v11 GEMM 1 small"), same requirement.
+    // The 128 x 256 tile also in clusters of 2 (MEGAMOE_GEMM_CLUSTER=1, docs/grouped_gemm.md "v11 clusters").
+    struct V11Variant {
+      int small;
+      const char* cluster;
+    };
     for (const char* tma_scales : {"0", "1"}) {
       const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
-      for (const int small : {0, 1}) {
-        const char* what = small ? "v11 small" : "v11";
+      for (const V11Variant variant : {V11Variant{0, "0"}, V11Variant{0, "1"}, V11Variant{1, "0"}}) {
+        const ScopedEnv cluster_env(kGemmClusterEnv, variant.cluster);
+        const int small = variant.small;
+        const char* what = small ? "v11 small" : variant.cluster[0] == '1' ? "v11 cluster" : "v11";
         args.v11 = 1;
         args.v11_small = small;
         const auto v11 = run_once(schedule);
