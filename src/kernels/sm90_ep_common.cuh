@@ -56,7 +56,7 @@ struct DispatchLayout {
 // Fused combine (MEGAMOE_EP_OVERLAP=1): a combine_progress word holds (epoch << kEpProgressShift) | steps
 // stored; a producer publishes after every kEpProgressSteps steps of 256 channels and after its last.
 inline constexpr int kEpProgressShift = 16;
-inline constexpr int kEpProgressSteps = 4;
+inline constexpr int kEpProgressSteps = 8;  // 7168 channels: 4 publications per row
 
 inline DispatchLayout make_dispatch_layout(const EpDispatchConfig& c, int ranks) {
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };

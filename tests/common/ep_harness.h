@@ -503,11 +503,15 @@ inline int64_t run_overlap_comparison(EpGroup& group, DispatchCase tc, const std
     int64_t differing = 0, wrong = 0;
     std::string first;
     std::vector<float> slot_y(k), ones(k, 1.0f);
+    // The host sum is checked on every token of small cases and on every n-th token of large ones (the
+    // two paths are compared on all of them).
+    const int reference_stride = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(mine.tokens) * H / (1 << 21)));
     for (int t = 0; t < mine.tokens; ++t)
       for (int c = 0; c < H; ++c) {
         const size_t at = static_cast<size_t>(t) * H + c;
         if (a.out[at] != b.out[at] && differing++ == 0)
           first = "token " + std::to_string(t) + " column " + std::to_string(c);
+        if (t % reference_stride != 0) continue;
         for (int j = 0; j < k; ++j) slot_y[j] = bf16_value(hashed_expert_output(me, t, j, c));
         const float acc = combine_in_kernel_order(&mine.ids[static_cast<size_t>(t) * k],
                                                   apply_weights ? &mine.weights[static_cast<size_t>(t) * k] : ones.data(),

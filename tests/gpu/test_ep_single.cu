@@ -55,7 +55,7 @@ TEST_F(EpSingle, DispatchCombineBitExactOverlap) {
 }
 
 // MEGAMOE_EP_OVERLAP=0 vs 1 on one rank, bit for bit, over several calls (epochs), padded and empty calls,
-// a hidden size with several progress publications per row (2560 = 10 steps), unweighted calls.
+// a hidden size with two progress publications per row (2560 = 10 steps: after 8 and 10), unweighted calls.
 TEST_F(EpSingle, OverlapMatchesTwoKernelPath) {
   auto group = single_rank_group();
   group->warmup(stream_);

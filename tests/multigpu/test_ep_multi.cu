@@ -150,10 +150,10 @@ TEST(EpMulti, OverlapMatchesTwoKernelPath) {
   DispatchCase wide;
   wide.hidden = 7168;
   wide.top_k = 8;
-  wide.num_experts = experts_for_ranks(64, R);
-  wide.capacity = 3000;
+  wide.num_experts = experts_for_ranks(32, R);
+  wide.capacity = 2304;
   wide.seed = 71;
-  rows += run_overlap_comparison(*group, wide, {spread_tokens(3000, 2500, R), spread_tokens(1200, 3000, R)},
+  rows += run_overlap_comparison(*group, wide, {spread_tokens(2304, 2100, R), spread_tokens(1500, 2304, R)},
                                  {Routing::kUniform, Routing::kPadded}, s.stream);
   EXPECT_GT(rows, 0);
   group->destroy();
