@@ -58,6 +58,9 @@ struct EpDispatcher::Impl {
   // dispatch (ep_dispatch_fused_kernel) and combine (ep_combine_fused_kernel). Every rank of the group must use the same value (a mismatch
   // ends in the bounded-wait error of the combine).
   bool overlap = false;
+  // Diagnostics only: MEGAMOE_EP_OVERLAP_DISPATCH=0|1 (unset: = overlap) picks the dispatch path alone, so
+  // the fused combine can be timed beside the two-kernel dispatch (every combination is valid).
+  bool overlap_dispatch = false;
 
   void* device_alloc(size_t bytes) {
     void* p = nullptr;
@@ -88,6 +91,7 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   m.group = &group;
   m.config = c;
   m.overlap = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP", false);
+  m.overlap_dispatch = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP_DISPATCH", m.overlap);
   m.layout = kernels::make_dispatch_layout(c, R);
   m.window = group.allocate(m.layout.total);
 
@@ -177,7 +181,8 @@ void EpDispatcher::dispatch(const TensorView& hidden, const TensorView& topk_ids
   p.hidden_in = static_cast<const __nv_bfloat16*>(hidden.data);
   p.topk_ids = static_cast<const int32_t*>(topk_ids.data);
   p.topk_weights = static_cast<const float*>(topk_weights.data);
-  kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() : nullptr, m.overlap);
+  kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() : nullptr,
+                              m.overlap_dispatch);
   m.last_tokens = static_cast<int>(T);
 }
 

@@ -469,24 +469,28 @@ inline DispatchCombineResult dispatch_combine_once(EpDispatcher& io, EpGroup& gr
   return result;
 }
 
-// MEGAMOE_EP_OVERLAP=0 vs =1 on the same inputs, bit for bit: two dispatchers on `group` (one per path),
+// MEGAMOE_EP_OVERLAP=0 vs =1 on the same inputs, bit for bit: three dispatchers on `group` (two-kernel paths,
+// fused paths, and fused combine after the two-kernel dispatch: MEGAMOE_EP_OVERLAP_DISPATCH=0),
 // `calls` calls each (so epochs advance), call i with tokens_per_rank[i] and routing routings[i % size];
 // grouped rows (per source, any order inside an expert) and combine outputs must be identical, and the
 // outputs must match the host sum in kernel order (combine_in_kernel_order). Returns rows compared.
 inline int64_t run_overlap_comparison(EpGroup& group, DispatchCase tc, const std::vector<std::vector<int>>& tokens_per_call,
                                       const std::vector<Routing>& routings, cudaStream_t stream) {
   const int R = group.size(), me = group.rank(), H = tc.hidden, k = tc.top_k, per_rank = tc.num_experts / R;
-  std::unique_ptr<EpDispatcher> two_kernel, fused;
+  std::unique_ptr<EpDispatcher> two_kernel, fused, mixed;
+  const EpDispatchConfig config{H, k, tc.num_experts, tc.capacity, tc.payload};
   {
     ScopedEnv env("MEGAMOE_EP_OVERLAP", "0");
-    two_kernel = std::make_unique<EpDispatcher>(group, EpDispatchConfig{H, k, tc.num_experts, tc.capacity, tc.payload});
-  }
-  {
-    ScopedEnv env("MEGAMOE_EP_OVERLAP", "1");
-    fused = std::make_unique<EpDispatcher>(group, EpDispatchConfig{H, k, tc.num_experts, tc.capacity, tc.payload});
+    ScopedEnv dispatch_env("MEGAMOE_EP_OVERLAP_DISPATCH", "");  // unset-like: follows MEGAMOE_EP_OVERLAP
+    two_kernel = std::make_unique<EpDispatcher>(group, config);
+    ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+    fused = std::make_unique<EpDispatcher>(group, config);
+    ScopedEnv two_kernel_dispatch("MEGAMOE_EP_OVERLAP_DISPATCH", "0");  // fused combine, two-kernel dispatch
+    mixed = std::make_unique<EpDispatcher>(group, config);
   }
   EXPECT_FALSE(two_kernel->overlap());
   EXPECT_TRUE(fused->overlap());
+  EXPECT_TRUE(mixed->overlap());
   int64_t rows = 0;
   for (size_t call = 0; call < tokens_per_call.size(); ++call) {
     const Routing routing = routings[call % routings.size()];
@@ -498,7 +502,10 @@ inline int64_t run_overlap_comparison(EpGroup& group, DispatchCase tc, const std
         make_rank_inputs(tc.seed + call, me, tokens_per_call[call][me], H, tc.num_experts, k, R, routing);
     const auto a = dispatch_combine_once(*two_kernel, group, tc, mine, apply_weights, stream);
     const auto b = dispatch_combine_once(*fused, group, tc, mine, apply_weights, stream);
+    const auto c = dispatch_combine_once(*mixed, group, tc, mine, apply_weights, stream);
     EXPECT_TRUE(a.rows == b.rows) << "grouped rows differ (" << a.rows.size() << " vs " << b.rows.size() << " rows)";
+    EXPECT_TRUE(a.rows == c.rows) << "grouped rows of the two-kernel dispatch under MEGAMOE_EP_OVERLAP=1 differ";
+    EXPECT_TRUE(a.out == c.out) << "fused combine after the two-kernel dispatch differs";
     rows += static_cast<int64_t>(a.rows.size());
     int64_t differing = 0, wrong = 0;
     std::string first;
@@ -523,6 +530,7 @@ inline int64_t run_overlap_comparison(EpGroup& group, DispatchCase tc, const std
   }
   two_kernel->destroy();
   fused->destroy();
+  mixed->destroy();
   return rows;
 }
 
