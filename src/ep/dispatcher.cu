@@ -26,18 +26,19 @@ int combine_send_stages() {
 
 // Fused combine's lag (virtual steps the own tokens trail the peers' rows): env MEGAMOE_EP_COMBINE_LAG,
 // an integer in [0, 2^20], default 128 (a tuning knob: every lag gives bit-identical results).
-int combine_lag() {
-  static const int lag = [] {
-    const char* v = std::getenv("MEGAMOE_EP_COMBINE_LAG");
-    if (!v || !*v) return 128;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    MEGAMOE_CHECK(*end == '\0' && n >= 0 && n <= (1 << 20), "MEGAMOE_EP_COMBINE_LAG = '", v,
-                  "' must be an integer in [0, 1048576]");
-    return static_cast<int>(n);
-  }();
-  return lag;
+int lag_from_env(const char* name, int unset_value) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return unset_value;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  MEGAMOE_CHECK(*end == '\0' && n >= 0 && n <= (1 << 20), name, " = '", v, "' must be an integer in [0, 1048576]");
+  return static_cast<int>(n);
 }
+// Read when a dispatcher is created (like MEGAMOE_EP_OVERLAP), so a test can pick them per dispatcher.
+int combine_lag() { return lag_from_env("MEGAMOE_EP_COMBINE_LAG", 128); }
+// Fused dispatch's lag (steps a receive of row i trails the peer's send of that row; a quarter of the
+// 2048 send warps by default): env MEGAMOE_EP_DISPATCH_LAG, same rules.
+int dispatch_lag() { return lag_from_env("MEGAMOE_EP_DISPATCH_LAG", 512); }
 
 }  // namespace
 
@@ -127,6 +128,8 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   p.recv_rows = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * kMaxEpRanks));
   p.combine_tickets = static_cast<unsigned long long*>(m.device_alloc(sizeof(unsigned long long) * 2));
   p.dispatch_tickets = static_cast<uint32_t*>(m.device_alloc(sizeof(uint32_t) * 2));
+  p.slot_token = m.overlap_dispatch ? static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * R * C)) : nullptr;
+  p.dispatch_lag = m.overlap_dispatch ? dispatch_lag() : 0;
   p.combine_lag = m.overlap ? combine_lag() : 0;
   p.grouped_x = m.device_alloc(max_rows * H * payload);
   p.grouped_scales = p.fp8 ? static_cast<float*>(m.device_alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;

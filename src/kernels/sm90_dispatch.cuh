@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "kernels/ep_dispatch_schedule.h"
 #include "kernels/sm90_ep_common.cuh"
 #include "megamoe/error_cuda.h"
 
@@ -181,9 +182,12 @@ __global__ void __launch_bounds__(kEpLayoutTileTokens) ep_layout_kernel(EpParams
     const int t = first_token + threadIdx.x;
 #pragma unroll
     for (int r = 0; r < kMaxEpRanks; ++r)
-      if (r < R)
-        p.token_dest_slot[t * R + r] =
-            ((mask >> r) & 1u) ? earlier_tiles[r] + warp_slot_base[r][warp] + in_warp[r] : -1;
+      if (r < R) {
+        const int slot = ((mask >> r) & 1u) ? earlier_tiles[r] + warp_slot_base[r][warp] + in_warp[r] : -1;
+        p.token_dest_slot[t * R + r] = slot;
+        // the inverse map of the remote slots, for the fused dispatch's work order (ep_dispatch_schedule.h)
+        if (p.slot_token && slot >= 0 && r != p.ctx.rank) p.slot_token[static_cast<size_t>(r) * p.capacity + slot] = t;
+      }
   }
   if (tile == static_cast<int>(gridDim.x) - 1 && threadIdx.x < R)
     p.send_count[threadIdx.x] = earlier_tiles[threadIdx.x] + tile_slots[threadIdx.x];
@@ -551,21 +555,21 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
 // Every block runs the send prologue (publish_counts_and_wait: counts_ready is bumped by exactly
 // kEpSendBlocks blocks per call, as with the send kernel), derives the grouped layout of ALL senders
 // (block 0 writes expert_offsets and the local recv_rows copy), then its warps take work items in ticket
-// order (one atomic per warp and item on dispatch_tickets[0]):
-//   items [0, T): send token t (dispatch_send_token), then publish it: __syncwarp, system fence, and
-//     st.release.sys of the epoch into every remote destination's dispatch_ready[me*C + slot];
-//   items [T, T + (R-1) * max_rows): receive row v = j / (R-1) of sender (me + 1 + j % (R-1)) % R
-//     (j = item - T; skipped past that sender's recv_count): wait (bounded, {rank, 'dispatch', sender})
+// order (one atomic per warp and item on dispatch_tickets[0]), sends and receives merged by position
+// (DispatchSchedule, src/kernels/ep_dispatch_schedule.h; the item of a ticket by a warp-cooperative search):
+//   send token t (dispatch_send_token), then publish it: __syncwarp, system fence, and st.release.sys
+//     of the epoch into every remote destination's dispatch_ready[me*C + slot];
+//   receive row i of sender s (skipped past the rows s sent here): wait (bounded, {rank, 'dispatch', s})
 //     until its dispatch_ready word shows this epoch, then expand it (expand_received_row<true>).
 // NOTES:
-// - No deadlock without any residency assumption: a receive item (position C + j on its rank) waits
-//   only for one send item of a peer (position < C), and send items never wait after the prologue;
-//   tickets are handed out in position order, so the smallest incomplete position is always held by a
-//   running warp and completes (docs/ep.md, "Overlap"). The prologue wait only needs one block of every
-//   peer to have started, as before.
-// - Overlap: warps that finish their sends take receive items for the rows that landed first (the peers
-//   send in token order, so slots land roughly in order), so the expansion of early rows runs under
-//   the NVLink stores of the late sends instead of after a whole-kernel boundary.
+// - No deadlock without any residency assumption: a receive of row i sits at step i + lag, after the
+//   step of the send it waits for (<= i: see ep_dispatch_schedule.h), and sends never wait after the
+//   prologue; tickets are handed out in position order, so the smallest incomplete position is always
+//   held by a running warp and completes (docs/ep.md, "Overlap"). The prologue wait only needs one
+//   block of every peer to have started, as before.
+// - Overlap: a receive of row i is handed out `lag` steps after the peer handed out the send of that
+//   row (R = 2: the peer's send of its token with slot i here sits exactly at step i), so the
+//   expansion runs under the NVLink stores of later sends instead of after a whole-kernel boundary.
 // - Memory ordering: the sending warp's lanes store the row, scales and metadata; __syncwarp orders
 //   them before lane 0's fence + st.release.sys of the flag; every receiving lane acquires the flag
 //   itself and reads the row through L2 (ld.global.cg). Flags hold the epoch, so they need no reset.
@@ -573,6 +577,22 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
 //   rank's next send prologue, i.e. after this kernel and this rank's combine). dispatch_arrivals is
 //   not used by this path.
 // - dispatch_tickets is zeroed by the last block to finish (graph-capturable, no memset node).
+// The step of item w (find_dispatch_step_host, warp-cooperatively): a 32-ary search, every lane probes
+// one point of [lo, hi) per round (items_before is non-decreasing, so the probes <= w form a prefix of
+// the lanes); ~3 rounds for 8K steps. Call with all lanes; w warp-uniform.
+__device__ __forceinline__ int find_dispatch_step(const DispatchSchedule& sc, unsigned w, int lane) {
+  int lo = 0, hi = sc.virtual_steps;  // items_before(lo) <= w < items_before(hi)
+  while (hi - lo > 1) {
+    const int step = (hi - lo + 31) / 32;
+    const int probe = lo + (lane + 1) * step;
+    const bool le = probe < hi && sc.items_before(probe) <= w;
+    const int below = __popc(__ballot_sync(0xffffffffu, le));
+    hi = min(hi, lo + (below + 1) * step);
+    lo += below * step;
+  }
+  return lo;
+}
+
 __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_fused_kernel(EpParams p) {
   if (ep_device::group_failed(p.ctx)) return;
   extern __shared__ int row_base[];  // [R, El]: first grouped row of (sender s, local expert e)
@@ -590,7 +610,16 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_fused_kerne
   int max_rows = 0;
   for (int s = 0; s < R; ++s)
     if (s != me) max_rows = max(max_rows, static_cast<int>(recv_count[s]));
-  const unsigned items = static_cast<unsigned>(T) + static_cast<unsigned>(R - 1) * static_cast<unsigned>(max_rows);
+  DispatchSchedule sc;
+  sc.slot_token = p.slot_token;
+  sc.send_count = p.send_count;
+  sc.ranks = R;
+  sc.me = me;
+  sc.capacity = p.capacity;
+  sc.tokens = T;
+  sc.lag = p.dispatch_lag;
+  sc.virtual_steps = dispatch_virtual_steps(p.send_count, R, me, T, max_rows, sc.lag);
+  const unsigned items = sc.items();
   const uint64_t* ready = p.region<uint64_t>(me, p.layout.dispatch_ready);
   bool failed = false;
   while (true) {
@@ -598,8 +627,8 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_fused_kerne
     if (lane == 0) w = atomicAdd(p.dispatch_tickets, 1u);
     w = __shfl_sync(0xffffffffu, w, 0);
     if (w >= items) break;
-    if (w < static_cast<unsigned>(T)) {
-      const int t = static_cast<int>(w);
+    int t = 0, s = 0, i = 0;
+    if (sc.decode(w, find_dispatch_step(sc, w, lane), &t, &s, &i)) {
       dispatch_send_token(p, t, row_base + me * El, lane);
       __syncwarp();
       if (lane == 0) {
@@ -613,10 +642,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_fused_kerne
       }
       continue;
     }
-    const unsigned j = w - static_cast<unsigned>(T);
-    const int i = static_cast<int>(j / static_cast<unsigned>(R - 1));
-    const int s = (me + 1 + static_cast<int>(j % static_cast<unsigned>(R - 1))) % R;
-    if (i >= static_cast<int>(recv_count[s])) continue;  // warp-uniform
+    if (i >= static_cast<int>(recv_count[s])) continue;  // warp-uniform (past the rows s sent here)
     const bool ok = ep_device::bounded_wait_geq(p.ctx, ready + static_cast<size_t>(s) * p.capacity + i, epoch,
                                                 EpPhase::kDispatch, s);
     if (!__all_sync(0xffffffffu, ok)) {

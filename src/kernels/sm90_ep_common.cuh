@@ -208,6 +208,8 @@ struct EpParams {
   int32_t* recv_rows;       // [kMaxEpRanks]: local copy of recv_count (receive kernel), read by the fused combine
   unsigned long long* combine_tickets;  // [2]: fused combine work tickets taken, blocks done (zero between calls)
   uint32_t* dispatch_tickets;  // [2]: fused dispatch work tickets taken, blocks done (zero between calls)
+  int32_t* slot_token;      // [R, C]: token in (remote destination d, slot x) (layout; fused dispatch only, else null)
+  int dispatch_lag;         // fused dispatch: receive row i is scheduled at step i + lag (ep_dispatch_schedule.h)
   int combine_lag;          // fused combine: own token t is scheduled with the peers' rows t + lag
   // grouped rows (local)
   void* grouped_x;
