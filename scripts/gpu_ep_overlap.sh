@@ -9,7 +9,9 @@
 # (2) bench ep 4096 / 8192 tokens x 7168, top-8 of 256, overlap 0 / 1 alternating; (3) staged dsv3 fp8_block layer
 #     on 2 ranks at 2048 / 8192 tokens, 0 / 1 alternating. Round 1 of (2) and (3) before round 2, so a short budget
 #     still has one round of each; round 1 also times overlap 1 with MEGAMOE_EP_OVERLAP_DISPATCH=0 (fused combine,
-#     two-kernel dispatch). Table last. Steps: ~15 + ~140 s of tests, ~4 s per bench ep, ~11 s per layer run.
+#     two-kernel dispatch). Order (budget 235 s; a step is cut to what is left): EpSingle (~15 s), EpMulti (~100 s),
+#     bench ep round 1 (~25 s), layer round 1 (~22 s), bench ep round 2 (~16 s), MegaMulti.*Matches*, layer round 2.
+#     Table last.
 #   source scripts/use_prebuilt.sh ep-overlap .xfer/ep-overlap && OUT=$OUT bash .xfer/ep-overlap/scripts/gpu_ep_overlap.sh
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
@@ -24,9 +26,8 @@ echo "binaries: $B ($(sed -n 's/^commit=//p' "$B/PATHS" 2>/dev/null))"
 
 MEGAMOE_EP_OVERLAP=1 step test_gpu_ep 45 "$B/tests/megamoe_tests_gpu" \
   --gtest_filter='EpSingle.*:StagedPhaseTiming.*-*Overlap'
-MEGAMOE_EP_OVERLAP=1 step test_multi_ep 140 env MEGAMOE_TEST_RANKS=2 MEGAMOE_TEST_LAUNCH_TIMEOUT_S=60 \
-  "$B/tests/megamoe_tests_multigpu" --gtest_filter='EpMulti.*:MegaMulti.*Matches*-*Overlap'
-print_test_counts
+MEGAMOE_EP_OVERLAP=1 step test_multi_ep 110 env MEGAMOE_TEST_RANKS=2 MEGAMOE_TEST_LAUNCH_TIMEOUT_S=60 \
+  "$B/tests/megamoe_tests_multigpu" --gtest_filter='EpMulti.*-*Overlap'
 
 ep_round() {
   local round=$1 v tokens
@@ -51,6 +52,9 @@ for tokens in 4096 8192; do  # fused combine beside the two-kernel dispatch (MEG
 done
 layer_round 1
 ep_round 2
+MEGAMOE_EP_OVERLAP=1 step test_multi_mega 60 env MEGAMOE_TEST_RANKS=2 MEGAMOE_TEST_LAUNCH_TIMEOUT_S=50 \
+  "$B/tests/megamoe_tests_multigpu" --gtest_filter='MegaMulti.*Matches*'
+print_test_counts
 layer_round 2
 
 cp "$logs"/test_*.log "$out/" 2>/dev/null
