@@ -137,6 +137,7 @@ void time_dispatch_combine(const BenchEpOptions& o, EpGroup& group, const Tensor
     result["dispatch_GBps"] = traffic.dispatch_bytes / (d * 1e3);
     result["combine_GBps"] = traffic.combine_bytes / (c * 1e3);
     result["combine_per_slot_equiv_GBps"] = remote_slots * o.hidden * 2.0 / (c * 1e3);
+    result["ep_overlap"] = io.overlap();  // MEGAMOE_EP_OVERLAP: fused dispatch / combine kernels
     cudaFree(y);
     io.destroy();
 }
@@ -222,9 +223,12 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
                   result["combine_us"].get<float>(), result["combine_GBps"].get<double>(),
                   result["combine_per_slot_equiv_GBps"].get<double>());
       const auto& ku = result["kernel_us"];
-      std::printf("| kernels us | layout %.1f | send %.1f | receive %.1f | combine send %.1f | combine reduce %.1f |\n",
+      // overlap 1: "send" is the fused send + receive kernel and "combine send" the fused combine (receive
+      // and combine reduce read ~0)
+      std::printf("| kernels us | layout %.1f | send %.1f | receive %.1f | combine send %.1f | combine reduce %.1f | overlap %d |\n",
                   ku["layout"].get<float>(), ku["send"].get<float>(), ku["receive"].get<float>(),
-                  ku["combine_send"].get<float>(), ku["combine_reduce"].get<float>());
+                  ku["combine_send"].get<float>(), ku["combine_reduce"].get<float>(),
+                  result.value("ep_overlap", false) ? 1 : 0);
     }
     if (o.staged) {
       std::printf("| mode | ranks | tokens/rank | H | I | E | k | format | forward us | TFLOP/s | forward - dispatch - combine us | expert GEMM |\n");

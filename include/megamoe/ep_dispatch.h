@@ -77,6 +77,10 @@ class EpDispatcher {
   // its symmetric window (docs/ep.md has the formulas).
   size_t device_bytes() const;
   size_t symmetric_bytes() const;
+  // MEGAMOE_EP_OVERLAP as read when this dispatcher was created (1: dispatch send + receive fused into one
+  // kernel, combine send + reduce fused into one kernel; docs/ep.md "Overlap"; MEGAMOE_EP_OVERLAP_DISPATCH=0
+  // keeps the two-kernel dispatch beside the fused combine, for A/B). Results are bit-identical either way.
+  bool overlap() const;
   // hidden [T, H] bf16, topk_ids [T, k] int32, topk_weights [T, k] f32, all on the GPU; T <= C.
   void dispatch(const TensorView& hidden, const TensorView& topk_ids, const TensorView& topk_weights,
                 StreamHandle stream);

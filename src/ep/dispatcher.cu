@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "kernels/grouped_gemm_internal.h"  // env_switch
 #include "kernels/sm90_combine.cuh"
 #include "kernels/sm90_dispatch.cuh"
 #include "megamoe/ep_dispatch.h"
@@ -23,6 +24,22 @@ int combine_send_stages() {
   return stages;
 }
 
+// Fused combine's lag (virtual steps the own tokens trail the peers' rows): env MEGAMOE_EP_COMBINE_LAG,
+// an integer in [0, 2^20], default 128 (a tuning knob: every lag gives bit-identical results).
+int lag_from_env(const char* name, int unset_value) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return unset_value;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  MEGAMOE_CHECK(*end == '\0' && n >= 0 && n <= (1 << 20), name, " = '", v, "' must be an integer in [0, 1048576]");
+  return static_cast<int>(n);
+}
+// Read when a dispatcher is created (like MEGAMOE_EP_OVERLAP), so a test can pick them per dispatcher.
+int combine_lag() { return lag_from_env("MEGAMOE_EP_COMBINE_LAG", 128); }
+// Fused dispatch's lag (steps a receive of row i trails the peer's send of that row; a quarter of the
+// 2048 send warps by default): env MEGAMOE_EP_DISPATCH_LAG, same rules.
+int dispatch_lag() { return lag_from_env("MEGAMOE_EP_DISPATCH_LAG", 512); }
+
 }  // namespace
 
 struct EpDispatcher::Impl {
@@ -38,6 +55,13 @@ struct EpDispatcher::Impl {
   int last_tokens = -1;
   std::array<cudaEvent_t, 7> marks{};  // kernel timing: 4 around dispatch, 3 around combine
   bool timing = false;
+  // MEGAMOE_EP_OVERLAP (read once, here at creation, so a test can choose per dispatcher): 1 = the fused
+  // dispatch (ep_dispatch_fused_kernel) and combine (ep_combine_fused_kernel). Every rank of the group must use the same value (a mismatch
+  // ends in the bounded-wait error of the combine).
+  bool overlap = false;
+  // Diagnostics only: MEGAMOE_EP_OVERLAP_DISPATCH=0|1 (unset: = overlap) picks the dispatch path alone, so
+  // the fused combine can be timed beside the two-kernel dispatch (every combination is valid).
+  bool overlap_dispatch = false;
 
   void* device_alloc(size_t bytes) {
     void* p = nullptr;
@@ -67,6 +91,8 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   auto& m = *impl_;
   m.group = &group;
   m.config = c;
+  m.overlap = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP", false);
+  m.overlap_dispatch = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP_DISPATCH", m.overlap);
   m.layout = kernels::make_dispatch_layout(c, R);
   m.window = group.allocate(m.layout.total);
 
@@ -99,6 +125,12 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   p.expert_offsets = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * (local_experts + 1)));
   p.recv_slot_row = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * R * C * k));
   p.traffic = static_cast<uint64_t*>(m.device_alloc(sizeof(uint64_t) * 2));
+  p.recv_rows = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * kMaxEpRanks));
+  p.combine_tickets = static_cast<unsigned long long*>(m.device_alloc(sizeof(unsigned long long) * 2));
+  p.dispatch_tickets = static_cast<uint32_t*>(m.device_alloc(sizeof(uint32_t) * 2));
+  p.slot_token = m.overlap_dispatch ? static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * R * C)) : nullptr;
+  p.dispatch_lag = m.overlap_dispatch ? dispatch_lag() : 0;
+  p.combine_lag = m.overlap ? combine_lag() : 0;
   p.grouped_x = m.device_alloc(max_rows * H * payload);
   p.grouped_scales = p.fp8 ? static_cast<float*>(m.device_alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;
   p.grouped_sources = static_cast<RowSource*>(m.device_alloc(sizeof(RowSource) * max_rows));
@@ -126,6 +158,7 @@ EpDispatcher::~EpDispatcher() {
 const EpDispatchConfig& EpDispatcher::config() const { return impl_->config; }
 size_t EpDispatcher::device_bytes() const { return impl_->allocated_bytes; }
 size_t EpDispatcher::symmetric_bytes() const { return impl_->window.bytes; }
+bool EpDispatcher::overlap() const { return impl_->overlap; }
 
 const ReceivedTokens& EpDispatcher::received() const {
   impl_->require_alive("received");
@@ -151,7 +184,8 @@ void EpDispatcher::dispatch(const TensorView& hidden, const TensorView& topk_ids
   p.hidden_in = static_cast<const __nv_bfloat16*>(hidden.data);
   p.topk_ids = static_cast<const int32_t*>(topk_ids.data);
   p.topk_weights = static_cast<const float*>(topk_weights.data);
-  kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() : nullptr);
+  kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() : nullptr,
+                              m.overlap_dispatch);
   m.last_tokens = static_cast<int>(T);
 }
 
@@ -168,7 +202,7 @@ void EpDispatcher::combine(const void* expert_out, const TensorView& out, Stream
   p.out = static_cast<__nv_bfloat16*>(out.data);
   p.apply_weights = apply_weights;
   kernels::launch_ep_combine(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() + 4 : nullptr,
-                             combine_send_stages());
+                             combine_send_stages(), m.overlap);
 }
 
 EpDispatcher::Traffic EpDispatcher::last_remote_traffic(StreamHandle stream) const {

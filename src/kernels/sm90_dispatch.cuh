@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "kernels/ep_dispatch_schedule.h"
 #include "kernels/sm90_ep_common.cuh"
 #include "megamoe/error_cuda.h"
 
@@ -181,9 +182,12 @@ __global__ void __launch_bounds__(kEpLayoutTileTokens) ep_layout_kernel(EpParams
     const int t = first_token + threadIdx.x;
 #pragma unroll
     for (int r = 0; r < kMaxEpRanks; ++r)
-      if (r < R)
-        p.token_dest_slot[t * R + r] =
-            ((mask >> r) & 1u) ? earlier_tiles[r] + warp_slot_base[r][warp] + in_warp[r] : -1;
+      if (r < R) {
+        const int slot = ((mask >> r) & 1u) ? earlier_tiles[r] + warp_slot_base[r][warp] + in_warp[r] : -1;
+        p.token_dest_slot[t * R + r] = slot;
+        // the inverse map of the remote slots, for the fused dispatch's work order (ep_dispatch_schedule.h)
+        if (p.slot_token && slot >= 0 && r != p.ctx.rank) p.slot_token[static_cast<size_t>(r) * p.capacity + slot] = t;
+      }
   }
   if (tile == static_cast<int>(gridDim.x) - 1 && threadIdx.x < R)
     p.send_count[threadIdx.x] = earlier_tiles[threadIdx.x] + tile_slots[threadIdx.x];
@@ -238,6 +242,149 @@ __device__ inline void grouped_row_bases(const EpParams& p, const volatile int32
   __syncthreads();
 }
 
+// Send prologue of every send block (two-kernel and fused dispatch): this rank's per-expert counts into
+// every destination's recv_expert_counts[me] and recv_count[me] (identical values from every block),
+// +1 on every destination's counts_ready[me] (release), then a bounded wait until every sender's
+// counts_ready shows a block of this epoch. Call with all threads; false after a failure.
+__device__ inline bool publish_counts_and_wait(const EpParams& p, uint64_t epoch) {
+  __shared__ int ok;
+  const int R = p.ctx.ranks, me = p.ctx.rank, El = p.experts_per_rank;
+  for (int i = threadIdx.x; i < R * El; i += blockDim.x)
+    p.region<int32_t>(i / El, p.layout.recv_expert_counts)[me * El + i % El] = p.send_expert_counts[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    for (int r = 0; r < R; ++r) {
+      ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.recv_count) + me,
+                                   static_cast<uint64_t>(p.send_count[r]));
+      ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.counts_ready) + me, 1ull);
+    }
+    ok = 1;
+    const uint64_t target = (epoch - 1) * static_cast<uint64_t>(kEpSendBlocks) + 1;
+    const uint64_t* ready = p.region<uint64_t>(me, p.layout.counts_ready);
+    for (int s = 0; s < R && ok; ++s)
+      if (!ep_device::bounded_wait_geq(p.ctx, ready + s, target, EpPhase::kDispatch, s)) ok = 0;
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+// traffic[0] = remote bytes of this call's dispatch (one thread).
+__device__ inline void record_dispatch_traffic(const EpParams& p) {
+  const int R = p.ctx.ranks, me = p.ctx.rank, S = p.num_scale_groups();
+  uint64_t remote_rows = 0;
+  for (int r = 0; r < R; ++r)
+    if (r != me) remote_rows += p.send_count[r];
+  const uint64_t row_bytes =
+      static_cast<uint64_t>(p.hidden) * (p.fp8 ? 1 : 2) + (p.fp8 ? 4ull * S : 0ull) + 12ull * p.top_k + 4;
+  p.traffic[0] = remote_rows * row_bytes;
+}
+
+// One token of the send (one warp, all lanes): quantize (fp8) and store the row, scales and metadata
+// into every REMOTE destination's receive row me*C + slot, and the row into the grouped rows of this
+// rank's own experts that the token selected (local_row_base: first grouped row of (me, local expert)).
+__device__ __forceinline__ void dispatch_send_token(const EpParams& p, int t, const int* local_row_base, int lane) {
+  constexpr int kSendBatch = 4;
+  const int R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = p.num_scale_groups();
+  const int me = p.ctx.rank, El = p.experts_per_rank;
+  int dest_row[kMaxEpRanks];  // remote destinations only
+#pragma unroll
+  for (int r = 0; r < kMaxEpRanks; ++r)
+    dest_row[r] = r < R && r != me && p.token_dest_slot[t * R + r] >= 0
+                      ? me * p.capacity + p.token_dest_slot[t * R + r]
+                      : -1;
+  // Local slots: lane j < k holds slot j's grouped row (-1: not a local expert, or the token has none).
+  const int local_slot = p.token_dest_slot[t * R + me];
+  int dst = -1;
+  if (local_slot >= 0) {
+    const size_t row = static_cast<size_t>(me) * p.capacity + local_slot;
+    if (lane < k) {
+      const int id = p.saved_ids[t * k + lane];  // -1 or a valid id (the layout replaced bad ids)
+      const int e = id - me * El;
+      if (id >= 0 && e >= 0 && e < El) {
+        dst = local_row_base[e] + p.slot_pos[t * k + lane];
+        if (dst >= p.max_rows) dst = -1;  // inconsistent counts: never write out of range
+      }
+      p.recv_slot_row[row * k + lane] = dst;
+      // combine reads the weights of every received row (apply_weights), local ones included
+      p.region<float>(me, p.layout.recv_weights)[row * k + lane] = p.saved_weights[t * k + lane];
+      if (dst >= 0) {
+        const float w = p.saved_weights[t * k + lane];
+        p.grouped_sources[dst] = RowSource{me, t, lane, w};
+        p.grouped_weights[dst] = w;
+      }
+    }
+    if (lane == 0) p.region<int32_t>(me, p.layout.recv_src_token)[row] = t;
+  }
+  const unsigned local_targets = __ballot_sync(0xffffffffu, dst >= 0);
+  const uint4* src = reinterpret_cast<const uint4*>(p.hidden_in + static_cast<size_t>(t) * H);
+  const int chunks = H / 16;  // multiple of 8: a scale group's 8 lanes are all active or all idle
+  for (int c0 = 0; c0 < chunks; c0 += 32 * kSendBatch) {
+    uint4 lo[kSendBatch], hi[kSendBatch];
+#pragma unroll
+    for (int u = 0; u < kSendBatch; ++u) {
+      const int c = c0 + u * 32 + lane;
+      lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+      if (c < chunks) {
+        lo[u] = __ldg(src + 2 * c);
+        hi[u] = __ldg(src + 2 * c + 1);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSendBatch; ++u) {
+      const int c = c0 + u * 32 + lane;
+      if (c0 + u * 32 >= chunks) break;  // warp-uniform
+      const bool active = c < chunks;
+      if (p.fp8) {
+        float scale;
+        const uint4 q = quantize16_fp8(lo[u], hi[u], &scale);
+        if (active)
+          for (int r = 0; r < R; ++r) {
+            if (dest_row[r] < 0) continue;
+            uint8_t* row = p.region<uint8_t>(r, p.layout.recv_x) + static_cast<size_t>(dest_row[r]) * H;
+            reinterpret_cast<uint4*>(row)[c] = q;
+            if ((lane & 7) == 0)
+              p.region<float>(r, p.layout.recv_scales)[static_cast<size_t>(dest_row[r]) * S + c / 8] = scale;
+          }
+        for (unsigned rest = local_targets; rest; rest &= rest - 1) {
+          const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+          if (!active) continue;
+          reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * H)[c] = q;
+          if ((lane & 7) == 0) p.grouped_scales[static_cast<size_t>(d) * S + c / 8] = scale;
+        }
+      } else {
+        if (active)
+          for (int r = 0; r < R; ++r) {
+            if (dest_row[r] < 0) continue;
+            uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
+                                                  static_cast<size_t>(dest_row[r]) * H);
+            row[2 * c] = lo[u];
+            row[2 * c + 1] = hi[u];
+          }
+        for (unsigned rest = local_targets; rest; rest &= rest - 1) {
+          const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+          if (!active) continue;
+          uint4* row =
+              reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.grouped_x) + static_cast<size_t>(d) * H);
+          row[2 * c] = lo[u];
+          row[2 * c + 1] = hi[u];
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (dest_row[r] < 0) continue;
+    for (int j = lane; j < k; j += 32) {
+      const size_t at = static_cast<size_t>(dest_row[r]) * k + j;
+      const int id = p.saved_ids[t * k + j];
+      p.region<int32_t>(r, p.layout.recv_ids)[at] = id;
+      p.region<int32_t>(r, p.layout.recv_pos)[at] = id >= 0 ? p.slot_pos[t * k + j] : -1;
+      p.region<float>(r, p.layout.recv_weights)[at] = p.saved_weights[t * k + j];
+    }
+    if (lane == 0) p.region<int32_t>(r, p.layout.recv_src_token)[dest_row[r]] = t;
+  }
+}
+
 // Grid kEpSendBlocks x (32 * kEpWarpsPerBlock), dynamic shared memory 4 * El bytes. One warp per token:
 // each lane owns 16 consecutive channels per step (8 lanes = one 128-channel scale group), quantizes
 // them (fp8) and stores 16 B to every REMOTE destination's receive row, and to the grouped rows of
@@ -261,149 +408,25 @@ __device__ inline void grouped_row_bases(const EpParams& p, const volatile int32
 //   both before its combine send, which this rank's next dispatch follows (docs/ep.md, Protocol).
 __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_send_kernel(EpParams p) {
   if (ep_device::group_failed(p.ctx)) return;
-  constexpr int kSendBatch = 4;
   extern __shared__ int local_row_base[];  // [El]: first grouped row of (sender me, local expert e)
   __shared__ int scratch[32];
-  __shared__ int ok;
   const int lane = threadIdx.x & 31;
   const int warp_global = blockIdx.x * kEpWarpsPerBlock + (threadIdx.x >> 5);
-  const int R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = p.num_scale_groups();
-  const int me = p.ctx.rank, El = p.experts_per_rank;
+  const int R = p.ctx.ranks, me = p.ctx.rank;
   const uint64_t epoch = *p.epoch;
 
-  // Counts to every destination (every block, identical values), then counts_ready (release).
-  for (int i = threadIdx.x; i < R * El; i += blockDim.x)
-    p.region<int32_t>(i / El, p.layout.recv_expert_counts)[me * El + i % El] = p.send_expert_counts[i];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    for (int r = 0; r < R; ++r) {
-      ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.recv_count) + me,
-                                   static_cast<uint64_t>(p.send_count[r]));
-      ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.counts_ready) + me, 1ull);
-    }
-    ok = 1;
-    const uint64_t target = (epoch - 1) * static_cast<uint64_t>(kEpSendBlocks) + 1;
-    const uint64_t* ready = p.region<uint64_t>(me, p.layout.counts_ready);
-    for (int s = 0; s < R && ok; ++s)
-      if (!ep_device::bounded_wait_geq(p.ctx, ready + s, target, EpPhase::kDispatch, s)) ok = 0;
-  }
-  __syncthreads();
-  if (!ok) return;
+  if (!publish_counts_and_wait(p, epoch)) return;
   grouped_row_bases(p, p.region<int32_t>(me, p.layout.recv_expert_counts), local_row_base, scratch,
                     /*all_senders=*/false, me, /*write_offsets=*/false);
 
-  for (int t = warp_global; t < p.num_tokens; t += gridDim.x * kEpWarpsPerBlock) {
-    int dest_row[kMaxEpRanks];  // remote destinations only
-#pragma unroll
-    for (int r = 0; r < kMaxEpRanks; ++r)
-      dest_row[r] = r < R && r != me && p.token_dest_slot[t * R + r] >= 0
-                        ? me * p.capacity + p.token_dest_slot[t * R + r]
-                        : -1;
-    // Local slots: lane j < k holds slot j's grouped row (-1: not a local expert, or the token has none).
-    const int local_slot = p.token_dest_slot[t * R + me];
-    int dst = -1;
-    if (local_slot >= 0) {
-      const size_t row = static_cast<size_t>(me) * p.capacity + local_slot;
-      if (lane < k) {
-        const int id = p.saved_ids[t * k + lane];  // -1 or a valid id (the layout replaced bad ids)
-        const int e = id - me * El;
-        if (id >= 0 && e >= 0 && e < El) {
-          dst = local_row_base[e] + p.slot_pos[t * k + lane];
-          if (dst >= p.max_rows) dst = -1;  // inconsistent counts: never write out of range
-        }
-        p.recv_slot_row[row * k + lane] = dst;
-        // combine reads the weights of every received row (apply_weights), local ones included
-        p.region<float>(me, p.layout.recv_weights)[row * k + lane] = p.saved_weights[t * k + lane];
-        if (dst >= 0) {
-          const float w = p.saved_weights[t * k + lane];
-          p.grouped_sources[dst] = RowSource{me, t, lane, w};
-          p.grouped_weights[dst] = w;
-        }
-      }
-      if (lane == 0) p.region<int32_t>(me, p.layout.recv_src_token)[row] = t;
-    }
-    const unsigned local_targets = __ballot_sync(0xffffffffu, dst >= 0);
-    const uint4* src = reinterpret_cast<const uint4*>(p.hidden_in + static_cast<size_t>(t) * H);
-    const int chunks = H / 16;  // multiple of 8: a scale group's 8 lanes are all active or all idle
-    for (int c0 = 0; c0 < chunks; c0 += 32 * kSendBatch) {
-      uint4 lo[kSendBatch], hi[kSendBatch];
-#pragma unroll
-      for (int u = 0; u < kSendBatch; ++u) {
-        const int c = c0 + u * 32 + lane;
-        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
-        if (c < chunks) {
-          lo[u] = __ldg(src + 2 * c);
-          hi[u] = __ldg(src + 2 * c + 1);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kSendBatch; ++u) {
-        const int c = c0 + u * 32 + lane;
-        if (c0 + u * 32 >= chunks) break;  // warp-uniform
-        const bool active = c < chunks;
-        if (p.fp8) {
-          float scale;
-          const uint4 q = quantize16_fp8(lo[u], hi[u], &scale);
-          if (active)
-            for (int r = 0; r < R; ++r) {
-              if (dest_row[r] < 0) continue;
-              uint8_t* row = p.region<uint8_t>(r, p.layout.recv_x) + static_cast<size_t>(dest_row[r]) * H;
-              reinterpret_cast<uint4*>(row)[c] = q;
-              if ((lane & 7) == 0)
-                p.region<float>(r, p.layout.recv_scales)[static_cast<size_t>(dest_row[r]) * S + c / 8] = scale;
-            }
-          for (unsigned rest = local_targets; rest; rest &= rest - 1) {
-            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-            if (!active) continue;
-            reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * H)[c] = q;
-            if ((lane & 7) == 0) p.grouped_scales[static_cast<size_t>(d) * S + c / 8] = scale;
-          }
-        } else {
-          if (active)
-            for (int r = 0; r < R; ++r) {
-              if (dest_row[r] < 0) continue;
-              uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
-                                                    static_cast<size_t>(dest_row[r]) * H);
-              row[2 * c] = lo[u];
-              row[2 * c + 1] = hi[u];
-            }
-          for (unsigned rest = local_targets; rest; rest &= rest - 1) {
-            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-            if (!active) continue;
-            uint4* row =
-                reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.grouped_x) + static_cast<size_t>(d) * H);
-            row[2 * c] = lo[u];
-            row[2 * c + 1] = hi[u];
-          }
-        }
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      if (dest_row[r] < 0) continue;
-      for (int j = lane; j < k; j += 32) {
-        const size_t at = static_cast<size_t>(dest_row[r]) * k + j;
-        const int id = p.saved_ids[t * k + j];
-        p.region<int32_t>(r, p.layout.recv_ids)[at] = id;
-        p.region<int32_t>(r, p.layout.recv_pos)[at] = id >= 0 ? p.slot_pos[t * k + j] : -1;
-        p.region<float>(r, p.layout.recv_weights)[at] = p.saved_weights[t * k + j];
-      }
-      if (lane == 0) p.region<int32_t>(r, p.layout.recv_src_token)[dest_row[r]] = t;
-    }
-  }
+  for (int t = warp_global; t < p.num_tokens; t += gridDim.x * kEpWarpsPerBlock)
+    dispatch_send_token(p, t, local_row_base, lane);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
     for (int r = 0; r < R; ++r)
       ep_device::add_release_sys(p.region<uint64_t>(r, p.layout.dispatch_arrivals) + me, 1ull);
-    if (blockIdx.x == 0) {
-      uint64_t remote_rows = 0;
-      for (int r = 0; r < R; ++r)
-        if (r != me) remote_rows += p.send_count[r];
-      const uint64_t row_bytes =
-          static_cast<uint64_t>(H) * (p.fp8 ? 1 : 2) + (p.fp8 ? 4ull * S : 0ull) + 12ull * k + 4;
-      p.traffic[0] = remote_rows * row_bytes;
-    }
+    if (blockIdx.x == 0) record_dispatch_traffic(p);
   }
 }
 
@@ -422,6 +445,78 @@ __device__ inline bool wait_for_arrivals(const EpParams& p, size_t arrivals_offs
   return ok != 0;
 }
 
+// Loads of received data: kFresh (fused dispatch, rows land while the kernel runs) reads through L2 only
+// (ld.global.cg), so no L1 line filled before a neighbouring row's flag was acquired is ever reused.
+template <bool kFresh, typename T>
+__device__ __forceinline__ T load_received(const T* p) {
+  if constexpr (kFresh) return __ldcg(p);
+  else return *p;
+}
+
+// One row received from ANOTHER rank s (row i of s's block, one warp, all lanes): load it once, store it
+// into the grouped row of every local expert it selected (row_base [R, El]: first grouped row of (s, e)),
+// and record grouped_sources / grouped_weights / recv_slot_row.
+template <bool kFresh>
+__device__ __forceinline__ void expand_received_row(const EpParams& p, int s, int i, const int* row_base, int lane) {
+  constexpr int kBatch = 8;
+  const int El = p.experts_per_rank, me = p.ctx.rank;
+  const int k = p.top_k, H = p.hidden, S = p.num_scale_groups(), first = me * El;
+  const size_t row_bytes = static_cast<size_t>(H) * (p.fp8 ? 1 : 2);
+  const int words = static_cast<int>(row_bytes / 16);
+  const size_t row = static_cast<size_t>(s) * p.capacity + i;
+  const uint4* src = reinterpret_cast<const uint4*>(p.region<uint8_t>(me, p.layout.recv_x) + row * row_bytes);
+  uint4 v[kBatch];  // the first batch is loaded before the row's metadata: the two latencies overlap
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int c = u * 32 + lane;
+    if (c < words) v[u] = load_received<kFresh>(src + c);
+  }
+  int dst = -1;
+  if (lane < k) {
+    const int e = load_received<kFresh>(p.region<int32_t>(me, p.layout.recv_ids) + row * k + lane) - first;
+    if (e >= 0 && e < El) {
+      dst = row_base[s * El + e] + load_received<kFresh>(p.region<int32_t>(me, p.layout.recv_pos) + row * k + lane);
+      if (dst >= p.max_rows) dst = -1;  // inconsistent counts from a peer: never write out of range
+    }
+    p.recv_slot_row[row * k + lane] = dst;
+    if (dst >= 0) {
+      const float w = load_received<kFresh>(p.region<float>(me, p.layout.recv_weights) + row * k + lane);
+      p.grouped_sources[dst] =
+          RowSource{s, load_received<kFresh>(p.region<int32_t>(me, p.layout.recv_src_token) + row), lane, w};
+      p.grouped_weights[dst] = w;
+    }
+  }
+  const unsigned targets = __ballot_sync(0xffffffffu, dst >= 0);
+  for (int w0 = 0; w0 < words; w0 += 32 * kBatch) {
+    if (w0 > 0) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = w0 + u * 32 + lane;
+        if (c < words) v[u] = load_received<kFresh>(src + c);
+      }
+    }
+    for (unsigned rest = targets; rest; rest &= rest - 1) {
+      const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+      uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * row_bytes);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = w0 + u * 32 + lane;
+        if (c < words) out[c] = v[u];
+      }
+    }
+  }
+  if (p.fp8) {
+    const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;
+    for (int g0 = 0; g0 < S; g0 += 32) {
+      const float sv = g0 + lane < S ? load_received<kFresh>(src_scales + g0 + lane) : 0.0f;
+      for (unsigned rest = targets; rest; rest &= rest - 1) {
+        const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+        if (g0 + lane < S) p.grouped_scales[static_cast<size_t>(d) * S + g0 + lane] = sv;
+      }
+    }
+  }
+}
+
 // Received row index space: sender s, row i < recv_count[s]  <->  flat s*C + i.
 // Grid kEpReceiveBlocks x (32 * kEpWarpsPerBlock), dynamic shared memory 4 * E bytes.
 // Every block derives the grouped layout from the senders' per-expert counts (no atomics):
@@ -434,86 +529,159 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
   if (!wait_for_arrivals(p, p.layout.dispatch_arrivals, kEpSendBlocks, EpPhase::kDispatch)) return;
   extern __shared__ int row_base[];  // [R, El]: first grouped row of (sender s, local expert e)
   __shared__ int scratch[32];
-  const int R = p.ctx.ranks, El = p.experts_per_rank, me = p.ctx.rank;
+  const int R = p.ctx.ranks, me = p.ctx.rank;
   grouped_row_bases(p, p.region<int32_t>(me, p.layout.recv_expert_counts), row_base, scratch, /*all_senders=*/true, 0,
                     /*write_offsets=*/blockIdx.x == 0);
+  // NOTES: the fused combine reads the row counts from this local copy, never from the window: a peer
+  // rewrites recv_count[peer] at the start of its next dispatch, which may begin while a late block of
+  // this rank's fused combine is still starting (docs/ep.md, "Overlap").
+  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < R)
+    p.recv_rows[threadIdx.x] =
+        static_cast<int>(reinterpret_cast<const volatile uint64_t*>(p.region<uint64_t>(me, p.layout.recv_count))[threadIdx.x]);
 
-  constexpr int kBatch = 8;
   const int lane = threadIdx.x & 31;
   const int warp_global = blockIdx.x * kEpWarpsPerBlock + (threadIdx.x >> 5);
   const int warps = gridDim.x * kEpWarpsPerBlock;
-  const int k = p.top_k, H = p.hidden, S = p.num_scale_groups(), first = me * El;
   const volatile uint64_t* recv_count = p.region<uint64_t>(me, p.layout.recv_count);
-  const size_t row_bytes = static_cast<size_t>(H) * (p.fp8 ? 1 : 2);
-  const int words = static_cast<int>(row_bytes / 16);
   for (int s = 0; s < R; ++s) {
     if (s == me) continue;  // this rank's own rows were grouped by its send kernel
     const int n = static_cast<int>(recv_count[s]);
-    for (int i = warp_global; i < n; i += warps) {
-      const size_t row = static_cast<size_t>(s) * p.capacity + i;
-      const uint4* src = reinterpret_cast<const uint4*>(p.region<uint8_t>(me, p.layout.recv_x) + row * row_bytes);
-      uint4 v[kBatch];  // the first batch is loaded before the row's metadata: the two latencies overlap
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = u * 32 + lane;
-        if (c < words) v[u] = src[c];
+    for (int i = warp_global; i < n; i += warps) expand_received_row<false>(p, s, i, row_base, lane);
+  }
+}
+
+// ---- fused dispatch (MEGAMOE_EP_OVERLAP=1): send and receive in ONE kernel --------------------------------
+// Grid kEpSendBlocks x (32 * kEpWarpsPerBlock), dynamic shared memory 4 * E bytes (row_base [R, El]).
+// Every block runs the send prologue (publish_counts_and_wait: counts_ready is bumped by exactly
+// kEpSendBlocks blocks per call, as with the send kernel), derives the grouped layout of ALL senders
+// (block 0 writes expert_offsets and the local recv_rows copy), then its warps take work items in ticket
+// order (one atomic per warp and item on dispatch_tickets[0]), sends and receives merged by position
+// (DispatchSchedule, src/kernels/ep_dispatch_schedule.h; the item of a ticket by a warp-cooperative search):
+//   send token t (dispatch_send_token), then publish it: __syncwarp, system fence, and st.release.sys
+//     of the epoch into every remote destination's dispatch_ready[me*C + slot];
+//   receive row i of sender s (skipped past the rows s sent here): wait (bounded, {rank, 'dispatch', s})
+//     until its dispatch_ready word shows this epoch, then expand it (expand_received_row<true>).
+// NOTES:
+// - No deadlock without any residency assumption: a receive of row i sits at step i + lag, after the
+//   step of the send it waits for (<= i: see ep_dispatch_schedule.h), and sends never wait after the
+//   prologue; tickets are handed out in position order, so the smallest incomplete position is always
+//   held by a running warp and completes (docs/ep.md, "Overlap"). The prologue wait only needs one
+//   block of every peer to have started, as before.
+// - Overlap: a receive of row i is handed out `lag` steps after the peer handed out the send of that
+//   row (R = 2: the peer's send of its token with slot i here sits exactly at step i), so the
+//   expansion runs under the NVLink stores of later sends instead of after a whole-kernel boundary.
+// - Memory ordering: the sending warp's lanes store the row, scales and metadata; __syncwarp orders
+//   them before lane 0's fence + st.release.sys of the flag; every receiving lane acquires the flag
+//   itself and reads the row through L2 (ld.global.cg). Flags hold the epoch, so they need no reset.
+// - Window reuse: as in the two-kernel path (a sender writes rows into this window only after this
+//   rank's next send prologue, i.e. after this kernel and this rank's combine). dispatch_arrivals is
+//   not used by this path.
+// - dispatch_tickets is zeroed by the last block to finish (graph-capturable, no memset node).
+// The step of item w (find_dispatch_step_host, warp-cooperatively): a 32-ary search, every lane probes
+// one point of [lo, hi) per round (items_before is non-decreasing, so the probes <= w form a prefix of
+// the lanes); ~3 rounds for 8K steps. Call with all lanes; w warp-uniform.
+__device__ __forceinline__ int find_dispatch_step(const DispatchSchedule& sc, unsigned w, int lane) {
+  int lo = 0, hi = sc.virtual_steps;  // items_before(lo) <= w < items_before(hi)
+  while (hi - lo > 1) {
+    const int step = (hi - lo + 31) / 32;
+    const int probe = lo + (lane + 1) * step;
+    const bool le = probe < hi && sc.items_before(probe) <= w;
+    const int below = __popc(__ballot_sync(0xffffffffu, le));
+    hi = min(hi, lo + (below + 1) * step);
+    lo += below * step;
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_fused_kernel(EpParams p) {
+  if (ep_device::group_failed(p.ctx)) return;
+  extern __shared__ int row_base[];  // [R, El]: first grouped row of (sender s, local expert e)
+  __shared__ int scratch[32];
+  __shared__ int block_failed;
+  const int lane = threadIdx.x & 31;
+  const int R = p.ctx.ranks, me = p.ctx.rank, El = p.experts_per_rank, T = p.num_tokens;
+  const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(p.epoch);
+  if (threadIdx.x == 0) block_failed = 0;
+  if (!publish_counts_and_wait(p, epoch)) return;
+  grouped_row_bases(p, p.region<int32_t>(me, p.layout.recv_expert_counts), row_base, scratch, /*all_senders=*/true, 0,
+                    /*write_offsets=*/blockIdx.x == 0);
+  const volatile uint64_t* recv_count = p.region<uint64_t>(me, p.layout.recv_count);
+  if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < R) p.recv_rows[threadIdx.x] = static_cast<int>(recv_count[threadIdx.x]);
+  int max_rows = 0;
+  for (int s = 0; s < R; ++s)
+    if (s != me) max_rows = max(max_rows, static_cast<int>(recv_count[s]));
+  DispatchSchedule sc;
+  sc.slot_token = p.slot_token;
+  sc.send_count = p.send_count;
+  sc.ranks = R;
+  sc.me = me;
+  sc.capacity = p.capacity;
+  sc.tokens = T;
+  sc.lag = p.dispatch_lag;
+  sc.virtual_steps = dispatch_virtual_steps(p.send_count, R, me, T, max_rows, sc.lag);
+  const unsigned items = sc.items();
+  const uint64_t* ready = p.region<uint64_t>(me, p.layout.dispatch_ready);
+  bool failed = false;
+  while (true) {
+    unsigned w = 0;
+    if (lane == 0) w = atomicAdd(p.dispatch_tickets, 1u);
+    w = __shfl_sync(0xffffffffu, w, 0);
+    if (w >= items) break;
+    int t = 0, s = 0, i = 0;
+    if (sc.decode(w, find_dispatch_step(sc, w, lane), &t, &s, &i)) {
+      dispatch_send_token(p, t, row_base + me * El, lane);
+      __syncwarp();
+      if (lane == 0) {
+        __threadfence_system();
+        for (int r = 0; r < R; ++r) {
+          const int slot = r == me ? -1 : p.token_dest_slot[t * R + r];
+          if (slot >= 0)
+            ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.dispatch_ready) + static_cast<size_t>(me) * p.capacity + slot,
+                                         epoch);
+        }
       }
-      int dst = -1;
-      if (lane < k) {
-        const int e = p.region<int32_t>(me, p.layout.recv_ids)[row * k + lane] - first;
-        if (e >= 0 && e < El) {
-          dst = row_base[s * El + e] + p.region<int32_t>(me, p.layout.recv_pos)[row * k + lane];
-          if (dst >= p.max_rows) dst = -1;  // inconsistent counts from a peer: never write out of range
-        }
-        p.recv_slot_row[row * k + lane] = dst;
-        if (dst >= 0) {
-          const float w = p.region<float>(me, p.layout.recv_weights)[row * k + lane];
-          p.grouped_sources[dst] = RowSource{s, p.region<int32_t>(me, p.layout.recv_src_token)[row], lane, w};
-          p.grouped_weights[dst] = w;
-        }
-      }
-      const unsigned targets = __ballot_sync(0xffffffffu, dst >= 0);
-      for (int w0 = 0; w0 < words; w0 += 32 * kBatch) {
-        if (w0 > 0) {
-#pragma unroll
-          for (int u = 0; u < kBatch; ++u) {
-            const int c = w0 + u * 32 + lane;
-            if (c < words) v[u] = src[c];
-          }
-        }
-        for (unsigned rest = targets; rest; rest &= rest - 1) {
-          const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-          uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * row_bytes);
-#pragma unroll
-          for (int u = 0; u < kBatch; ++u) {
-            const int c = w0 + u * 32 + lane;
-            if (c < words) out[c] = v[u];
-          }
-        }
-      }
-      if (p.fp8) {
-        const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;
-        for (int g0 = 0; g0 < S; g0 += 32) {
-          const float v = g0 + lane < S ? src_scales[g0 + lane] : 0.0f;
-          for (unsigned rest = targets; rest; rest &= rest - 1) {
-            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-            if (g0 + lane < S) p.grouped_scales[static_cast<size_t>(d) * S + g0 + lane] = v;
-          }
-        }
-      }
+      continue;
+    }
+    if (i >= static_cast<int>(recv_count[s])) continue;  // warp-uniform (past the rows s sent here)
+    const bool ok = ep_device::bounded_wait_geq(p.ctx, ready + static_cast<size_t>(s) * p.capacity + i, epoch,
+                                                EpPhase::kDispatch, s);
+    if (!__all_sync(0xffffffffu, ok)) {
+      failed = true;
+      break;
+    }
+    expand_received_row<true>(p, s, i, row_base, lane);
+  }
+  if (failed && lane == 0) block_failed = 1;
+  __syncthreads();
+  if (threadIdx.x == 0 && !block_failed) {
+    if (blockIdx.x == 0) record_dispatch_traffic(p);
+    __threadfence();
+    if (atomicAdd(p.dispatch_tickets + 1, 1u) == gridDim.x - 1) {
+      p.dispatch_tickets[0] = 0;
+      p.dispatch_tickets[1] = 0;
     }
   }
 }
 
 // marks (optional, for `megamoe bench ep` kernel splits): 4 events, recorded before the layout kernel and
 // after each of the three kernels.
-inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream, const cudaEvent_t* marks = nullptr) {
+// fused (MEGAMOE_EP_OVERLAP=1): layout + ep_dispatch_fused_kernel; marks[2] and marks[3] are then
+// recorded back to back after it (the "receive" split reads ~0: it is inside the one kernel).
+inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream, const cudaEvent_t* marks = nullptr,
+                               bool fused = false) {
   const size_t expert_table_bytes = sizeof(int) * static_cast<size_t>(p.num_experts);  // E = R * El
   if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[0], stream));
   const int layout_tiles = std::max(1, (p.num_tokens + kEpLayoutTileTokens - 1) / kEpLayoutTileTokens);
   ep_layout_kernel<<<layout_tiles, kEpLayoutTileTokens, expert_table_bytes, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();
   if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[1], stream));
+  if (fused) {
+    ep_dispatch_fused_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, expert_table_bytes, stream>>>(p);
+    MEGAMOE_LAUNCH_CHECK();
+    if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[2], stream));
+    if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[3], stream));
+    return;
+  }
   const size_t local_table_bytes = sizeof(int) * static_cast<size_t>(p.experts_per_rank);
   ep_dispatch_send_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, local_table_bytes, stream>>>(p);
   MEGAMOE_LAUNCH_CHECK();

@@ -41,12 +41,22 @@ inline constexpr int kEpScaleGroup = 128;  // FP8 activation scales: one per tok
 //   recv_weights       f32 [R * C, k]
 //   recv_src_token     i32 [R * C]            token index on the sender (also written for local rows)
 //   combine_partials   bf16 [C * R, H]        row t*R + r = rank r's partial sum for this rank's token t
+//   combine_progress   uint64 [C * R]         word t*R + r = (epoch << 16) | steps of row t*R + r of
+//                                             combine_partials that rank r has stored (fused combine,
+//                                             MEGAMOE_EP_OVERLAP=1; a step = 256 channels)
+//   dispatch_ready     uint64 [R * C]         word s*C + i = epoch of the latest call in which sender s
+//                                             finished receive row s*C + i (fused dispatch)
 // Each region starts on a 256-byte boundary.
-// Total ~ R*C*(H*P + 4S + 12k + 4) + C*R*H*2 + 4*R*El + 256 bytes.
+// Total ~ R*C*(H*P + 4S + 12k + 4) + C*R*(H*2 + 16) + 4*R*El + 256 bytes.
 struct DispatchLayout {
   size_t dispatch_arrivals, combine_arrivals, recv_count, counts_ready, recv_expert_counts, recv_x, recv_scales, recv_ids, recv_pos,
-      recv_weights, recv_src_token, combine_partials, total;
+      recv_weights, recv_src_token, combine_partials, combine_progress, dispatch_ready, total;
 };
+
+// Fused combine (MEGAMOE_EP_OVERLAP=1): a combine_progress word holds (epoch << kEpProgressShift) | steps
+// stored; a producer publishes after every kEpProgressSteps steps of 256 channels and after its last.
+inline constexpr int kEpProgressShift = 16;
+inline constexpr int kEpProgressSteps = 8;  // 7168 channels: 4 publications per row
 
 inline DispatchLayout make_dispatch_layout(const EpDispatchConfig& c, int ranks) {
   auto align = [](size_t v) { return (v + 255) / 256 * 256; };
@@ -66,6 +76,8 @@ inline DispatchLayout make_dispatch_layout(const EpDispatchConfig& c, int ranks)
   l.recv_weights = at; at = align(at + rows * c.top_k * 4);
   l.recv_src_token = at; at = align(at + rows * 4);
   l.combine_partials = at; at = align(at + rows * c.hidden * 2);  // C * R rows
+  l.combine_progress = at; at = align(at + rows * 8);             // C * R words
+  l.dispatch_ready = at; at = align(at + rows * 8);               // R * C words
   l.total = at;
   return l;
 }
@@ -193,6 +205,12 @@ struct EpParams {
   int32_t* expert_offsets;  // [E_local + 1]
   int32_t* recv_slot_row;   // [R * C, k]: grouped row of received row (s*C + i), slot j (-1: not local)
   uint64_t* traffic;        // [2]: remote bytes dispatched / combined by the latest call
+  int32_t* recv_rows;       // [kMaxEpRanks]: local copy of recv_count (receive kernel), read by the fused combine
+  unsigned long long* combine_tickets;  // [2]: fused combine work tickets taken, blocks done (zero between calls)
+  uint32_t* dispatch_tickets;  // [2]: fused dispatch work tickets taken, blocks done (zero between calls)
+  int32_t* slot_token;      // [R, C]: token in (remote destination d, slot x) (layout; fused dispatch only, else null)
+  int dispatch_lag;         // fused dispatch: receive row i is scheduled at step i + lag (ep_dispatch_schedule.h)
+  int combine_lag;          // fused combine: own token t is scheduled with the peers' rows t + lag
   // grouped rows (local)
   void* grouped_x;
   float* grouped_scales;

@@ -377,6 +377,172 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
   return rows;
 }
 
+// ---- MEGAMOE_EP_OVERLAP: the fused path against the two-kernel path -------------------------------------
+// Sets an environment variable for its scope (restores the previous value or unsets it). EpDispatcher
+// reads MEGAMOE_EP_OVERLAP when it is created, so a test picks the path per dispatcher.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = std::make_unique<std::string>(old);
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_.c_str(), old_->c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::unique_ptr<std::string> old_;
+};
+
+// Expert output for (source rank, token, slot), column c: a hashed BF16 value with a 12-bit mantissa
+// spread over 2^-3 .. 2^3 (so partial sums round, unlike combine_probe's small integers).
+inline uint16_t hashed_expert_output(int rank, int token, int slot, int c) {
+  uint64_t h = (static_cast<uint64_t>(rank) << 48) ^ (static_cast<uint64_t>(token) << 24) ^ (static_cast<uint64_t>(slot) << 16) ^
+               static_cast<uint64_t>(c);
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 33;
+  const float v = (static_cast<float>(h % 4096) - 2048.0f) / 2048.0f * std::ldexp(1.0f, static_cast<int>((h >> 12) % 7) - 3);
+  return bf16_bits(v);
+}
+
+// What one dispatch + combine of a dispatcher produced on this rank, independent of the row order inside
+// an expert: per (source rank, token, slot) the local expert, weight, payload bytes and scales; and out.
+struct DispatchCombineResult {
+  std::map<std::tuple<int, int, int>, std::tuple<int, float, std::vector<uint8_t>, std::vector<float>>> rows;
+  std::vector<uint16_t> out;
+};
+
+inline DispatchCombineResult dispatch_combine_once(EpDispatcher& io, EpGroup& group, const DispatchCase& tc,
+                                                   const RankInputs& mine, bool apply_weights, cudaStream_t stream) {
+  const int H = tc.hidden, per_rank = tc.num_experts / group.size();
+  const size_t payload = tc.payload == EpPayload::kFp8 ? 1 : 2;
+  DeviceInputs dev(mine, H, tc.top_k);
+  const ReceivedTokens& rx = io.received();
+  poison_device_buffer(rx.x, rx.max_rows * H * payload, 0xFF, stream);
+  poison_device_buffer(dev.out, static_cast<size_t>(mine.tokens) * H * 2, 0xFF, stream);
+  group.barrier(stream);
+  io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), stream);
+  group.synchronize(stream);
+  std::vector<int32_t> offsets(per_rank + 1);
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), rx.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
+  const int64_t n = offsets[per_rank];
+  std::vector<uint8_t> x(n * H * payload);
+  std::vector<float> scales(n * (H / 128));
+  std::vector<RowSource> sources(n);
+  if (n > 0) {
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(x.data(), rx.x, x.size(), cudaMemcpyDeviceToHost));
+    if (rx.x_scales) MEGAMOE_CUDA_CHECK(cudaMemcpy(scales.data(), rx.x_scales, scales.size() * 4, cudaMemcpyDeviceToHost));
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(sources.data(), rx.sources, n * sizeof(RowSource), cudaMemcpyDeviceToHost));
+  }
+  DispatchCombineResult result;
+  for (int e = 0; e < per_rank; ++e)
+    for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
+      const RowSource s = sources[m];
+      std::vector<float> sc;
+      if (rx.x_scales) sc.assign(scales.begin() + m * (H / 128), scales.begin() + (m + 1) * (H / 128));
+      const bool fresh = result.rows
+                             .emplace(std::make_tuple(s.rank, s.token, s.slot),
+                                      std::make_tuple(e, s.weight,
+                                                      std::vector<uint8_t>(x.begin() + m * H * payload,
+                                                                           x.begin() + (m + 1) * H * payload),
+                                                      sc))
+                             .second;
+      EXPECT_TRUE(fresh) << "source (" << s.rank << ", " << s.token << ", " << s.slot << ") in two grouped rows";
+    }
+  std::vector<uint16_t> y(std::max<int64_t>(n, 1) * H);
+  for (int64_t m = 0; m < n; ++m)
+    for (int c = 0; c < H; ++c) y[m * H + c] = hashed_expert_output(sources[m].rank, sources[m].token, sources[m].slot, c);
+  void* y_dev = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaMalloc(&y_dev, y.size() * 2));
+  MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(y_dev, y.data(), y.size() * 2, cudaMemcpyHostToDevice, stream));
+  io.combine(y_dev, dev.out_view(), stream, apply_weights);
+  group.synchronize(stream);
+  cudaFree(y_dev);
+  result.out = dev.download_out();
+  return result;
+}
+
+// MEGAMOE_EP_OVERLAP=0 vs =1 on the same inputs, bit for bit: four dispatchers on `group` (two-kernel paths,
+// fused paths, fused paths with both lags 0, and fused combine after the two-kernel dispatch:
+// MEGAMOE_EP_OVERLAP_DISPATCH=0),
+// `calls` calls each (so epochs advance), call i with tokens_per_rank[i] and routing routings[i % size];
+// grouped rows (per source, any order inside an expert) and combine outputs must be identical, and the
+// outputs must match the host sum in kernel order (combine_in_kernel_order). Returns rows compared.
+inline int64_t run_overlap_comparison(EpGroup& group, DispatchCase tc, const std::vector<std::vector<int>>& tokens_per_call,
+                                      const std::vector<Routing>& routings, cudaStream_t stream) {
+  const int R = group.size(), me = group.rank(), H = tc.hidden, k = tc.top_k, per_rank = tc.num_experts / R;
+  std::unique_ptr<EpDispatcher> two_kernel, fused, fused_lag0, mixed;
+  const EpDispatchConfig config{H, k, tc.num_experts, tc.capacity, tc.payload};
+  {
+    ScopedEnv env("MEGAMOE_EP_OVERLAP", "0");
+    ScopedEnv dispatch_env("MEGAMOE_EP_OVERLAP_DISPATCH", "");  // unset-like: follows MEGAMOE_EP_OVERLAP
+    two_kernel = std::make_unique<EpDispatcher>(group, config);
+    ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+    fused = std::make_unique<EpDispatcher>(group, config);
+    {
+      // both lags 0: consumers / receives handed out right after the items they wait for
+      ScopedEnv combine_lag("MEGAMOE_EP_COMBINE_LAG", "0"), dispatch_lag("MEGAMOE_EP_DISPATCH_LAG", "0");
+      fused_lag0 = std::make_unique<EpDispatcher>(group, config);
+    }
+    ScopedEnv two_kernel_dispatch("MEGAMOE_EP_OVERLAP_DISPATCH", "0");  // fused combine, two-kernel dispatch
+    mixed = std::make_unique<EpDispatcher>(group, config);
+  }
+  EXPECT_FALSE(two_kernel->overlap());
+  EXPECT_TRUE(fused->overlap());
+  EXPECT_TRUE(mixed->overlap());
+  int64_t rows = 0;
+  for (size_t call = 0; call < tokens_per_call.size(); ++call) {
+    const Routing routing = routings[call % routings.size()];
+    const bool apply_weights = call % 3 != 2;
+    SCOPED_TRACE(::testing::Message() << "overlap comparison: rank " << me << " call " << call << " routing "
+                                      << routing_name(routing) << " T " << tokens_per_call[call][me]
+                                      << (apply_weights ? "" : " unweighted"));
+    const RankInputs mine =
+        make_rank_inputs(tc.seed + call, me, tokens_per_call[call][me], H, tc.num_experts, k, R, routing);
+    const auto a = dispatch_combine_once(*two_kernel, group, tc, mine, apply_weights, stream);
+    const auto b = dispatch_combine_once(*fused, group, tc, mine, apply_weights, stream);
+    const auto c = dispatch_combine_once(*mixed, group, tc, mine, apply_weights, stream);
+    const auto z = dispatch_combine_once(*fused_lag0, group, tc, mine, apply_weights, stream);
+    EXPECT_TRUE(a.rows == z.rows && a.out == z.out) << "the fused paths with both lags 0 differ";
+    EXPECT_TRUE(a.rows == b.rows) << "grouped rows differ (" << a.rows.size() << " vs " << b.rows.size() << " rows)";
+    EXPECT_TRUE(a.rows == c.rows) << "grouped rows of the two-kernel dispatch under MEGAMOE_EP_OVERLAP=1 differ";
+    EXPECT_TRUE(a.out == c.out) << "fused combine after the two-kernel dispatch differs";
+    rows += static_cast<int64_t>(a.rows.size());
+    int64_t differing = 0, wrong = 0;
+    std::string first;
+    std::vector<float> slot_y(k), ones(k, 1.0f);
+    // The host sum is checked on every token of small cases and on every n-th token of large ones (the
+    // two paths are compared on all of them).
+    const int reference_stride = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(mine.tokens) * H / (1 << 21)));
+    for (int t = 0; t < mine.tokens; ++t)
+      for (int c = 0; c < H; ++c) {
+        const size_t at = static_cast<size_t>(t) * H + c;
+        if (a.out[at] != b.out[at] && differing++ == 0)
+          first = "token " + std::to_string(t) + " column " + std::to_string(c);
+        if (t % reference_stride != 0) continue;
+        for (int j = 0; j < k; ++j) slot_y[j] = bf16_value(hashed_expert_output(me, t, j, c));
+        const float acc = combine_in_kernel_order(&mine.ids[static_cast<size_t>(t) * k],
+                                                  apply_weights ? &mine.weights[static_cast<size_t>(t) * k] : ones.data(),
+                                                  slot_y.data(), k, per_rank, R);
+        wrong += b.out[at] != bf16_bits(acc);
+      }
+    EXPECT_EQ(differing, 0) << "combine outputs of the two paths differ, first at " << first;
+    EXPECT_EQ(wrong, 0) << "fused combine vs the host sum in kernel order";
+  }
+  two_kernel->destroy();
+  fused->destroy();
+  fused_lag0->destroy();
+  mixed->destroy();
+  return rows;
+}
+
 // ---- staged vs host reference -------------------------------------------------------------------------
 struct LayerCase {
   MoeConfig config;

@@ -27,7 +27,7 @@ TEST_F(EpSingle, LifecycleWarmupBarrierDestroy) {
   }
 }
 
-TEST_F(EpSingle, DispatchCombineBitExact) {
+void dispatch_combine_bit_exact(cudaStream_t stream_) {
   auto group = single_rank_group();
   group->warmup(stream_);
   int64_t rows = 0;
@@ -44,6 +44,37 @@ TEST_F(EpSingle, DispatchCombineBitExact) {
   empty.tokens_per_rank = {0};
   EXPECT_EQ(run_dispatch_combine_case(*group, empty, stream_), 0);
   EXPECT_GT(rows, 0);
+}
+
+TEST_F(EpSingle, DispatchCombineBitExact) { dispatch_combine_bit_exact(stream_); }
+
+// The same cases through the fused combine (MEGAMOE_EP_OVERLAP=1, read when each dispatcher is created).
+TEST_F(EpSingle, DispatchCombineBitExactOverlap) {
+  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  dispatch_combine_bit_exact(stream_);
+}
+
+// MEGAMOE_EP_OVERLAP=0 vs 1 on one rank, bit for bit, over several calls (epochs), padded and empty calls,
+// a hidden size with two progress publications per row (2560 = 10 steps: after 8 and 10), unweighted calls.
+TEST_F(EpSingle, OverlapMatchesTwoKernelPath) {
+  auto group = single_rank_group();
+  group->warmup(stream_);
+  DispatchCase tc;
+  tc.hidden = 2560;
+  tc.top_k = 6;
+  tc.num_experts = 16;
+  tc.capacity = 300;
+  tc.seed = 41;
+  int64_t rows = 0;
+  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16}) {
+    tc.payload = payload;
+    rows += run_overlap_comparison(*group, tc, {{137}, {0}, {300}, {1}, {211}},
+                                   {Routing::kPadded, Routing::kSkewed, Routing::kUniform}, stream_);
+  }
+  EXPECT_GT(rows, 0);
+  ScopedEnv bad("MEGAMOE_EP_OVERLAP", "yes");  // a bad value is rejected at creation
+  const EpDispatchConfig config{256, 2, 4, 8, EpPayload::kFp8};
+  EXPECT_THROW({ EpDispatcher io(*group, config); }, Error);
 }
 
 TEST_F(EpSingle, CapacityOverflowThrowsBeforeLaunch) {
@@ -79,7 +110,7 @@ TEST_F(EpSingle, InvalidExpertIdIsReported) {
   }
 }
 
-TEST_F(EpSingle, StagedMatchesReference) {
+void staged_matches_reference(cudaStream_t stream_) {
   auto group = single_rank_group();
   for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16, WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
     LayerCase lc;
@@ -97,6 +128,14 @@ TEST_F(EpSingle, StagedMatchesReference) {
   fc1.config = MoeConfig{256, 128, 4, 2, WeightFormat::kFp8Block, Activation{Activation::Kind::kSwigluClamped}, true, 0, 64};
   fc1.tokens_per_rank = {40};
   run_staged_case(*group, fc1, stream_, false);
+}
+
+TEST_F(EpSingle, StagedMatchesReference) { staged_matches_reference(stream_); }
+
+// The staged backend (graph replay included) with the fused combine.
+TEST_F(EpSingle, StagedMatchesReferenceOverlap) {
+  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  staged_matches_reference(stream_);
 }
 
 // MEGAMOE_FP8_GEMM1_TWO_PASS=1 (read when the backend is created): the staged FP8 GEMM 1 as the plain grouped GEMM

@@ -80,8 +80,7 @@ TEST(EpMulti, FromExistingNcclComm) {
   MEGAMOE_NCCL_CHECK(ncclCommDestroy(comm));
 }
 
-TEST(EpMulti, DispatchCombineBitExact) {
-  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+void dispatch_combine_bit_exact(const LaunchedRank& rank) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
   group->warmup(s.stream);
@@ -111,8 +110,56 @@ TEST(EpMulti, DispatchCombineBitExact) {
   group->destroy();
 }
 
-TEST(EpMulti, StagedMatchesReferenceAndReplays) {
+TEST(EpMulti, DispatchCombineBitExact) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  dispatch_combine_bit_exact(rank);
+}
+
+// The same cases through the fused combine (MEGAMOE_EP_OVERLAP=1; set in the launched ranks, read when
+// each dispatcher is created).
+TEST(EpMulti, DispatchCombineBitExactOverlap) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  dispatch_combine_bit_exact(rank);
+}
+
+// MEGAMOE_EP_OVERLAP=0 vs 1 on the same inputs, bit for bit (grouped rows per source and combine
+// outputs), over several calls: unequal T per rank, the last rank / rank 0 with zero tokens, padded -1
+// ids, unweighted calls, a hidden size with several progress publications per row, and a wide case
+// (7168, top-8) with more tokens than one wave of warps.
+TEST(EpMulti, OverlapMatchesTwoKernelPath) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
+  DeviceStream s(group->device());
+  group->warmup(s.stream);
+  const int R = rank.ranks;
+  DispatchCase tc;
+  tc.hidden = 2560;
+  tc.top_k = 6;
+  tc.num_experts = experts_for_ranks(16, R);
+  tc.capacity = 320;
+  tc.seed = 61;
+  int64_t rows = 0;
+  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16}) {
+    tc.payload = payload;
+    rows += run_overlap_comparison(*group, tc,
+                                   {spread_tokens(211, 290, R), spread_tokens(300, 0, R), spread_tokens(0, 257, R),
+                                    spread_tokens(1, 320, R), spread_tokens(173, 131, R)},
+                                   {Routing::kPadded, Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0}, s.stream);
+  }
+  DispatchCase wide;
+  wide.hidden = 7168;
+  wide.top_k = 8;
+  wide.num_experts = experts_for_ranks(32, R);
+  wide.capacity = 2304;
+  wide.seed = 71;
+  rows += run_overlap_comparison(*group, wide, {spread_tokens(2304, 2100, R), spread_tokens(1500, 2304, R)},
+                                 {Routing::kUniform, Routing::kPadded}, s.stream);
+  EXPECT_GT(rows, 0);
+  group->destroy();
+}
+
+void staged_matches_reference_and_replays(const LaunchedRank& rank) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
   for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16})
@@ -135,6 +182,17 @@ TEST(EpMulti, StagedMatchesReferenceAndReplays) {
   group->destroy();
 }
 
+TEST(EpMulti, StagedMatchesReferenceAndReplays) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  staged_matches_reference_and_replays(rank);
+}
+
+TEST(EpMulti, StagedMatchesReferenceAndReplaysOverlap) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  staged_matches_reference_and_replays(rank);
+}
+
 TEST(EpMulti, CapacityOverflowOnEveryRankThrows) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
@@ -151,8 +209,7 @@ TEST(EpMulti, CapacityOverflowOnEveryRankThrows) {
 
 // The last rank stalls (never launches its dispatch); every other rank dispatches and must report a
 // timeout naming itself, the phase and the stalled peer within the bounded wait.
-TEST(EpMulti, StalledPeerTimesOutWithItsName) {
-  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+void stalled_peer_times_out_with_its_name(const LaunchedRank& rank) {
   EpOptions options;
   options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
@@ -183,6 +240,69 @@ TEST(EpMulti, StalledPeerTimesOutWithItsName) {
   }
   io.destroy();
   group->destroy();
+}
+
+TEST(EpMulti, StalledPeerTimesOutWithItsName) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  stalled_peer_times_out_with_its_name(rank);
+}
+
+TEST(EpMulti, StalledPeerTimesOutWithItsNameOverlap) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  stalled_peer_times_out_with_its_name(rank);
+}
+
+// The last rank dispatches but never combines; every other rank's combine must report a timeout naming
+// itself, phase 'combine' and the stalled peer (two-kernel path: the reduce's wait for the peer's
+// combine blocks; fused path: a consumer's wait for the peer's progress on its partial row).
+void stalled_peer_in_combine(const LaunchedRank& rank) {
+  EpOptions options;
+  options.wait_timeout_ns = 1000ull * 1000 * 1000;  // 1 s
+  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous, -1, options);
+  DeviceStream s(group->device());
+  group->warmup(s.stream);
+  const int experts = experts_for_ranks(4, rank.ranks), stalled = rank.ranks - 1;
+  EpDispatcher io(*group, EpDispatchConfig{256, 2, experts, 16, EpPayload::kFp8});
+  const RankInputs in = make_rank_inputs(4, rank.rank, 16, 256, experts, 2, rank.ranks, Routing::kUniform);
+  DeviceInputs dev(in, 256, 2);
+  io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), s.stream);
+  group->synchronize(s.stream);
+  const ReceivedTokens& rx = io.received();
+  void* y = nullptr;
+  MEGAMOE_CUDA_CHECK(cudaMalloc(&y, std::max<int64_t>(rx.max_rows, 1) * 256 * 2));
+  MEGAMOE_CUDA_CHECK(cudaMemset(y, 0, std::max<int64_t>(rx.max_rows, 1) * 256 * 2));
+  if (rank.rank != stalled) {
+    const auto start = std::chrono::steady_clock::now();
+    io.combine(y, dev.out_view(), s.stream);
+    try {
+      group->synchronize(s.stream);
+      ADD_FAILURE() << "combine with a stalled peer returned without an error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("phase 'combine'"), std::string::npos) << what;
+      EXPECT_NE(what.find("peer rank " + std::to_string(stalled)), std::string::npos) << what;
+      EXPECT_NE(what.find("timed out: rank " + std::to_string(rank.rank) + " waited"), std::string::npos) << what;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 5.0) << "the bounded wait (1 s) took " << seconds << " s to report";
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+  }
+  cudaFree(y);
+  io.destroy();
+  group->destroy();
+}
+
+TEST(EpMulti, StalledPeerInCombineTimesOutWithItsName) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  stalled_peer_in_combine(rank);
+}
+
+TEST(EpMulti, StalledPeerInCombineTimesOutWithItsNameOverlap) {
+  MEGAMOE_RUN_ON_TEST_RANKS(rank);
+  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  stalled_peer_in_combine(rank);
 }
 
 }  // namespace
