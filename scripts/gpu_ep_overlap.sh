@@ -15,7 +15,7 @@
 #   source scripts/use_prebuilt.sh ep-overlap .xfer/ep-overlap && OUT=$OUT bash .xfer/ep-overlap/scripts/gpu_ep_overlap.sh
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
-budget_s=${BUDGET_S:-235}; pack_name=ep_overlap.tgz
+budget_s=${BUDGET_S:-330}; pack_name=ep_overlap.tgz
 here=$(cd "$(dirname "$0")/.." && pwd)
 source "$here/scripts/device_steps.sh"
 if [ -z "${PREBUILT:-}" ]; then
@@ -52,7 +52,7 @@ for tokens in 4096 8192; do  # fused combine beside the two-kernel dispatch (MEG
 done
 layer_round 1
 ep_round 2
-MEGAMOE_EP_OVERLAP=1 step test_multi_mega 60 env MEGAMOE_TEST_RANKS=2 MEGAMOE_TEST_LAUNCH_TIMEOUT_S=50 \
+MEGAMOE_EP_OVERLAP=1 step test_multi_mega 150 env MEGAMOE_TEST_RANKS=2 MEGAMOE_TEST_LAUNCH_TIMEOUT_S=60 \
   "$B/tests/megamoe_tests_multigpu" --gtest_filter='MegaMulti.*Matches*'
 print_test_counts
 layer_round 2
