@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (2 x H200, <= 240 s): MEGAMOE_EP_OVERLAP=1 (fused dispatch: send + receive in one kernel;
+# One device call (2 x H200, <= 340 s): MEGAMOE_EP_OVERLAP=1 (fused dispatch: send + receive in one kernel;
 # fused combine: send + wait + reduce in one kernel, docs/ep.md "Overlap") against MEGAMOE_EP_OVERLAP=0 (the
 # two-kernel paths), from ONE prebuilt binary set (branch ep-overlap). Carry .xfer/pre-ep-overlap + .xfer/ep-overlap.
 # (1) with MEGAMOE_EP_OVERLAP=1: EpSingle.* + StagedPhaseTiming.* on one GPU, EpMulti.* + MegaMulti.*Matches* at 2
@@ -9,7 +9,7 @@
 # (2) bench ep 4096 / 8192 tokens x 7168, top-8 of 256, overlap 0 / 1 alternating; (3) staged dsv3 fp8_block layer
 #     on 2 ranks at 2048 / 8192 tokens, 0 / 1 alternating. Round 1 of (2) and (3) before round 2, so a short budget
 #     still has one round of each; round 1 also times overlap 1 with MEGAMOE_EP_OVERLAP_DISPATCH=0 (fused combine,
-#     two-kernel dispatch). Order (budget 235 s; a step is cut to what is left): EpSingle (~15 s), EpMulti (~100 s),
+#     two-kernel dispatch). Order (budget 330 s; a step is cut to what is left): EpSingle (~15 s), EpMulti (~100 s),
 #     bench ep round 1 (~25 s), layer round 1 (~22 s), bench ep round 2 (~16 s), MegaMulti.*Matches*, layer round 2.
 #     Table last.
 #   source scripts/use_prebuilt.sh ep-overlap .xfer/ep-overlap && OUT=$OUT bash .xfer/ep-overlap/scripts/gpu_ep_overlap.sh
