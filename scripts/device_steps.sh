@@ -36,3 +36,14 @@ step_sharded_gpu_suite() {
     for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$tests" "$logs/$name.shard"
 }
 print_test_counts() { grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$logs"/test_*.log | sort | uniq -c; }
+# The bench ep rows of every $logs/ep_*.log (rank 0): dispatch / combine µs and GB/s, then the per-kernel split.
+print_ep_table() {
+  echo; echo "bench ep (rank 0): case | dispatch us GB/s | combine us GB/s | kernels us: layout / send / receive / combine send / reduce"
+  local f d kt
+  for f in "$logs"/ep_*.log; do
+    [ -f "$f" ] || continue
+    d=$(grep -m1 '^| dispatch+combine' "$f" | awk -F'|' '{printf "%s %s | %s %s", $8, $9, $10, $11}')
+    kt=$(grep -m1 '^| kernels us' "$f" | awk -F'|' '{printf "%s /%s /%s /%s /%s", $3, $4, $5, $6, $7}')
+    echo "$(basename "$f" .log) | $d | $kt"
+  done
+}

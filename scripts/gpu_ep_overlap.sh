@@ -59,22 +59,5 @@ layer_round 2
 
 cp "$logs"/test_*.log "$out/" 2>/dev/null
 print_summary
-echo; echo "bench ep (rank 0): tokens overlap round | dispatch us GB/s | combine us GB/s | kernels: layout / send / receive / combine send / reduce us"
-for f in "$logs"/ep_*.log; do
-  n=$(basename "$f" .log)
-  d=$(grep -m1 '^| dispatch+combine' "$f" | awk -F'|' '{printf "%s %s | %s %s", $8, $9, $10, $11}')
-  kt=$(grep -m1 '^| kernels us' "$f" | awk -F'|' '{printf "%s /%s /%s /%s /%s", $3, $4, $5, $6, $7}')
-  echo "$n | $d | $kt"
-done
-python3 - "$logs" <<'PY'
-import glob, json, os, sys
-print("\nstaged dsv3 fp8_block, 2 ranks, rank-0 median: layer us | phases us (disp / g1 / g2 / comb)")
-for f in sorted(glob.glob(os.path.join(sys.argv[1], "layer_*.json"))):
-    try:
-        cases = json.load(open(f))["cases"]
-    except Exception as e:
-        print(os.path.basename(f), "unreadable", e); continue
-    for c in cases:
-        ph = " ".join("%s %.0f" % (k, v) for k, v in c.get("phases_us", {}).items())
-        print("%-14s tokens %5d  %8.1f us  %s" % (os.path.basename(f)[:-5], c["tokens"], c["median_us"], ph))
-PY
+print_ep_table
+python3 "$here/scripts/layer_phases_table.py" "$logs"

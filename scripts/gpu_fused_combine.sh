@@ -23,8 +23,5 @@ for tokens in 4096 8192; do
   done
 done
 print_summary
-echo; echo "bench ep (rank 0): case | dispatch us GB/s | combine us GB/s"
-for f in "$logs"/ep_*.log; do
-  echo "$(basename "$f" .log) | $(grep -m1 '^| dispatch+combine' "$f" | awk -F'|' '{printf "%s %s | %s %s", $8, $9, $10, $11}')"
-done
+print_ep_table
 pack
