@@ -11,7 +11,8 @@
 # (1) tests with the fused dispatch: EpSingle.* + StagedPhaseTiming.* on one GPU, EpMulti.* at 2 ranks (bit-exact
 #     dispatch/combine, overlap 0 vs 1 bit for bit incl. dispatch piece 1, staged vs reference + graph replay,
 #     capacity, stalled peer); (2) bench ep 4096 / 8192 x 7168, top-8 of 256: d0 / d1 alternating, two rounds,
-#     then the piece sweep (MEGAMOE_EP_DISPATCH_PIECE = 4 / 16 / 56); (3) staged dsv3 fp8_block layer, 2 ranks,
+#     then the piece sweep (MEGAMOE_EP_DISPATCH_PIECE = 4 / 16 / 56) and the role split (MEGAMOE_EP_DISPATCH_SEND_WARPS
+#     = 12 / 16 / 20 of 32); (3) staged dsv3 fp8_block layer, 2 ranks,
 #     2048 / 8192 tokens, d0 / d1. Table last.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
@@ -43,6 +44,9 @@ for tokens in 4096 8192; do
   bench_ep "o0" "$tokens" MEGAMOE_EP_OVERLAP=0
   for piece in 4 56; do  # 16 (the default) is d1 above; 56 = one publication per 7168-wide row
     bench_ep "d1_piece$piece" "$tokens" MEGAMOE_EP_OVERLAP_DISPATCH=1 MEGAMOE_EP_DISPATCH_PIECE=$piece
+  done
+  for warps in 12 20; do  # sender warps per block of 32 (16, the default, is d1 above)
+    bench_ep "d1_send$warps" "$tokens" MEGAMOE_EP_OVERLAP_DISPATCH=1 MEGAMOE_EP_DISPATCH_SEND_WARPS=$warps
   done
 done
 for d in 0 1; do

@@ -39,14 +39,19 @@ int combine_lag() { return lag_from_env("MEGAMOE_EP_COMBINE_LAG", 128); }
 // Fused dispatch's piece: scale groups (128 channels) a sender stores between two progress publications
 // of a row: env MEGAMOE_EP_DISPATCH_PIECE, an integer in [1, 65535], default 16 (2048 channels: 4
 // publications per 7168-wide row; a tuning knob: every value gives bit-identical results).
-int dispatch_piece_groups() {
-  const char* v = std::getenv("MEGAMOE_EP_DISPATCH_PIECE");
-  if (!v || !*v) return 16;
+int int_from_env(const char* name, int unset_value, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return unset_value;
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
-  MEGAMOE_CHECK(*end == '\0' && n >= 1 && n <= kernels::kEpDispatchMaxGroups, "MEGAMOE_EP_DISPATCH_PIECE = '", v,
-                "' must be an integer in [1, ", kernels::kEpDispatchMaxGroups, "]");
+  MEGAMOE_CHECK(*end == '\0' && n >= lo && n <= hi, name, " = '", v, "' must be an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(n);
+}
+int dispatch_piece_groups() { return int_from_env("MEGAMOE_EP_DISPATCH_PIECE", 16, 1, kernels::kEpDispatchMaxGroups); }
+// Fused dispatch's role split: sender warps per block of kEpRoleWarps (the others expand received rows):
+// env MEGAMOE_EP_DISPATCH_SEND_WARPS in [1, kEpRoleWarps - 1], default kEpRoleSendWarps (16; a tuning knob).
+int dispatch_send_warps() {
+  return int_from_env("MEGAMOE_EP_DISPATCH_SEND_WARPS", kernels::kEpRoleSendWarps, 1, kernels::kEpRoleWarps - 1);
 }
 
 }  // namespace
@@ -105,6 +110,7 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   m.overlap = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP", false);
   m.overlap_dispatch = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP_DISPATCH", m.overlap);
   const int piece_groups = m.overlap_dispatch ? dispatch_piece_groups() : 0;  // checked before any allocation
+  const int send_warps = m.overlap_dispatch ? dispatch_send_warps() : 0;
   m.layout = kernels::make_dispatch_layout(c, R);
   m.window = group.allocate(m.layout.total);
 
@@ -141,6 +147,7 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   p.combine_tickets = static_cast<unsigned long long*>(m.device_alloc(sizeof(unsigned long long) * 2));
   p.dispatch_tickets = static_cast<uint32_t*>(m.device_alloc(sizeof(uint32_t) * 4));
   p.dispatch_piece_groups = piece_groups;
+  p.dispatch_send_warps = send_warps;
   p.combine_lag = m.overlap ? combine_lag() : 0;
   p.grouped_x = m.device_alloc(max_rows * H * payload);
   p.grouped_scales = p.fp8 ? static_cast<float*>(m.device_alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;

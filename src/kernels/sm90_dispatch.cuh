@@ -636,13 +636,13 @@ __device__ __forceinline__ bool expand_received_row_pieces(const EpParams& p, in
 // Every block runs the send prologue (publish_counts_and_wait: counts_ready still advances by exactly
 // kEpSendBlocks per call), derives the grouped layout of ALL senders (block 0 writes expert_offsets and the
 // local recv_rows copy); then its warps take one of two roles:
-//   warps [0, kEpRoleSendWarps): SENDERS. Tokens in ticket order (one atomic per warp and token on
+//   warps [0, p.dispatch_send_warps) (default kEpRoleSendWarps = 16): SENDERS. Tokens in ticket order (one atomic per warp and token on
 //     dispatch_tickets[0]); per token the send kernel's body (dispatch_send_token, metadata first) in
 //     pieces of p.dispatch_piece_groups scale groups; after every piece: __syncwarp, lane 0 one system
 //     fence + st.release.sys of (epoch << 16) | groups stored into every remote destination's
 //     dispatch_ready[me*C + slot] (one fence per piece and token; tokens with no remote destination
 //     publish nothing).
-//   warps [kEpRoleSendWarps, kEpRoleWarps): EXPANDERS. Received rows in ticket order (dispatch_tickets[1];
+//   warps [p.dispatch_send_warps, kEpRoleWarps): EXPANDERS. Received rows in ticket order (dispatch_tickets[1];
 //     item j -> row j / (R-1) of sender (me + 1 + j % (R-1)) % R, skipped past recv_count[s]):
 //     expand_received_row_pieces, which follows the row's progress word piece by piece.
 // NOTES:
@@ -651,8 +651,10 @@ __device__ __forceinline__ bool expand_received_row_pieces(const EpParams& p, in
 //   are handed out by ticket, so every token is sent as long as any block of the rank runs; expanders
 //   wait only for peers' senders. The one __syncthreads after the prologue is the final one, which a
 //   sender reaches only when no token is left to take.
+// - dispatch_send_warps is in [1, kEpRoleWarps - 1] (checked on the host): every block has senders (the
+//   deadlock argument) and expanders (rows are expanded only by them).
 // - Occupancy: one register budget for both roles; 1024 threads at <= 64 registers give 16 sender + 16
-//   expander warps on every SM (the send kernel had 16 warps per SM at 85 registers, the receive kernel
+//   expander warps on every SM by default (the send kernel had 16 warps per SM at 85 registers, the receive kernel
 //   32 at 62 after the send; the merged-order kernel this replaces had 16 at 122 doing both).
 // - Memory ordering: the sending warp's lanes store the metadata and the piece; __syncwarp orders them
 //   before lane 0's fence + st.release.sys of the word (cumulative); every expanding lane acquires the
@@ -676,7 +678,7 @@ __global__ void __launch_bounds__(32 * kEpRoleWarps, 1) ep_dispatch_fused_kernel
   const volatile uint64_t* recv_count = p.region<uint64_t>(me, p.layout.recv_count);
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < R) p.recv_rows[threadIdx.x] = static_cast<int>(recv_count[threadIdx.x]);
   bool failed = false;
-  if (warp < kEpRoleSendWarps) {
+  if (warp < p.dispatch_send_warps) {
     while (true) {
       unsigned t = 0;
       if (lane == 0) t = atomicAdd(p.dispatch_tickets + 0, 1u);

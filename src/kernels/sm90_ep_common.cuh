@@ -21,7 +21,8 @@ inline constexpr int kEpReceiveBlocks = 256;  // receive side only (not counted 
 inline constexpr int kEpMaxExperts = 8192;    // layout/receive keep 4 * E bytes of shared memory
 inline constexpr int kEpWarpsPerBlock = 16;
 // Fused dispatch (ep_dispatch_fused_kernel): kEpSendBlocks blocks of kEpRoleWarps warps, the first
-// kEpRoleSendWarps send, the others expand received rows; one block per SM at <= 64 registers.
+// EpParams::dispatch_send_warps (MEGAMOE_EP_DISPATCH_SEND_WARPS, default kEpRoleSendWarps) send, the others
+// expand received rows; one block per SM at <= 64 registers.
 inline constexpr int kEpRoleWarps = 32;
 inline constexpr int kEpRoleSendWarps = 16;
 inline constexpr int kEpRoleSendBatch = 4;  // 32-byte loads in flight per lane in a sender warp
@@ -216,6 +217,7 @@ struct EpParams {
   unsigned long long* combine_tickets;  // [2]: fused combine work tickets taken, blocks done (zero between calls)
   uint32_t* dispatch_tickets;  // [3]: fused dispatch send tickets, expand tickets, blocks done (zero between calls)
   int dispatch_piece_groups;   // fused dispatch: scale groups per progress publication (ep_dispatch_pieces.h)
+  int dispatch_send_warps;     // fused dispatch: sender warps per block, in [1, kEpRoleWarps - 1]
   int combine_lag;          // fused combine: own token t is scheduled with the peers' rows t + lag
   // grouped rows (local)
   void* grouped_x;

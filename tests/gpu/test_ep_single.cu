@@ -56,7 +56,7 @@ TEST_F(EpSingle, DispatchCombineBitExactOverlap) {
 
 // MEGAMOE_EP_OVERLAP=0 vs 1 on one rank, bit for bit, over several calls (epochs), padded and empty calls,
 // a hidden size with two progress publications per row (2560 = 10 steps: after 8 and 10), unweighted calls;
-// bad MEGAMOE_EP_DISPATCH_PIECE values are rejected.
+// bad MEGAMOE_EP_DISPATCH_PIECE / MEGAMOE_EP_DISPATCH_SEND_WARPS values are rejected.
 TEST_F(EpSingle, OverlapMatchesTwoKernelPath) {
   auto group = single_rank_group();
   group->warmup(stream_);
@@ -75,8 +75,16 @@ TEST_F(EpSingle, OverlapMatchesTwoKernelPath) {
   EXPECT_GT(rows, 0);
   const EpDispatchConfig config{256, 2, 4, 8, EpPayload::kFp8};
   for (const char* piece : {"0", "65536", "8x"}) {  // a bad dispatch piece is rejected at creation
-    ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1"), bad_piece("MEGAMOE_EP_DISPATCH_PIECE", piece);
+    ScopedEnv overlap("MEGAMOE_EP_OVERLAP_DISPATCH", "1"), bad_piece("MEGAMOE_EP_DISPATCH_PIECE", piece);
     EXPECT_THROW({ EpDispatcher io(*group, config); }, Error) << "MEGAMOE_EP_DISPATCH_PIECE=" << piece;
+  }
+  for (const char* warps : {"0", "32", ""}) {  // so is a bad role split ("" = unset: the default, accepted)
+    ScopedEnv overlap("MEGAMOE_EP_OVERLAP_DISPATCH", "1"), bad_split("MEGAMOE_EP_DISPATCH_SEND_WARPS", warps);
+    if (*warps) {
+      EXPECT_THROW({ EpDispatcher io(*group, config); }, Error) << "MEGAMOE_EP_DISPATCH_SEND_WARPS=" << warps;
+    } else {
+      EXPECT_NO_THROW({ EpDispatcher io(*group, config); });
+    }
   }
   ScopedEnv bad("MEGAMOE_EP_OVERLAP", "yes");  // a bad value is rejected at creation
   EXPECT_THROW({ EpDispatcher io(*group, config); }, Error);
