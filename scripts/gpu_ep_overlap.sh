@@ -13,6 +13,9 @@
 #     bench ep round 1 (~25 s), layer round 1 (~22 s), bench ep round 2 (~16 s), MegaMulti.*Matches*, layer round 2.
 #     Table last.
 #   source scripts/use_prebuilt.sh ep-overlap .xfer/ep-overlap && OUT=$OUT bash .xfer/ep-overlap/scripts/gpu_ep_overlap.sh
+# Session 16: the fused dispatch is now the warp-role kernel (branch dispatch-roles); its side-by-side call against
+# the two-kernel dispatch (tests, bench ep d0 / d1 in two rounds, piece sweep, staged layer) is
+# scripts/gpu_dispatch_roles.sh. This script still runs with any prebuilt set: source use_prebuilt.sh NAME first.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 budget_s=${BUDGET_S:-330}; pack_name=ep_overlap.tgz

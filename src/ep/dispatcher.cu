@@ -36,9 +36,23 @@ int lag_from_env(const char* name, int unset_value) {
 }
 // Read when a dispatcher is created (like MEGAMOE_EP_OVERLAP), so a test can pick them per dispatcher.
 int combine_lag() { return lag_from_env("MEGAMOE_EP_COMBINE_LAG", 128); }
-// Fused dispatch's lag (steps a receive of row i trails the peer's send of that row; a quarter of the
-// 2048 send warps by default): env MEGAMOE_EP_DISPATCH_LAG, same rules.
-int dispatch_lag() { return lag_from_env("MEGAMOE_EP_DISPATCH_LAG", 512); }
+// Fused dispatch's piece: scale groups (128 channels) a sender stores between two progress publications
+// of a row: env MEGAMOE_EP_DISPATCH_PIECE, an integer in [1, 65535], default 16 (2048 channels: 4
+// publications per 7168-wide row; a tuning knob: every value gives bit-identical results).
+int int_from_env(const char* name, int unset_value, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return unset_value;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  MEGAMOE_CHECK(*end == '\0' && n >= lo && n <= hi, name, " = '", v, "' must be an integer in [", lo, ", ", hi, "]");
+  return static_cast<int>(n);
+}
+int dispatch_piece_groups() { return int_from_env("MEGAMOE_EP_DISPATCH_PIECE", 16, 1, kernels::kEpDispatchMaxGroups); }
+// Fused dispatch's role split: sender warps per block of kEpRoleWarps (the others expand received rows):
+// env MEGAMOE_EP_DISPATCH_SEND_WARPS in [1, kEpRoleWarps - 1], default kEpRoleSendWarps (16; a tuning knob).
+int dispatch_send_warps() {
+  return int_from_env("MEGAMOE_EP_DISPATCH_SEND_WARPS", kernels::kEpRoleSendWarps, 1, kernels::kEpRoleWarps - 1);
+}
 
 }  // namespace
 
@@ -84,6 +98,8 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   MEGAMOE_CHECK(c.top_k >= 1 && c.top_k <= 32, "EpDispatchConfig.top_k = ", c.top_k, " must be in [1, 32]");
   MEGAMOE_CHECK(c.num_experts >= R && c.num_experts % R == 0, "EpDispatchConfig.num_experts = ", c.num_experts,
                 " must be a positive multiple of ranks = ", R);
+  MEGAMOE_CHECK(c.hidden / kernels::kEpScaleGroup <= kernels::kEpDispatchMaxGroups, "EpDispatchConfig.hidden = ", c.hidden,
+                " must be < ", (kernels::kEpDispatchMaxGroups + 1) * kernels::kEpScaleGroup);
   MEGAMOE_CHECK(c.num_experts <= kernels::kEpMaxExperts, "EpDispatchConfig.num_experts = ", c.num_experts,
                 " must be <= ", kernels::kEpMaxExperts);
   MEGAMOE_CHECK(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank <= (1 << 20),
@@ -93,6 +109,8 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   m.config = c;
   m.overlap = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP", false);
   m.overlap_dispatch = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP_DISPATCH", m.overlap);
+  const int piece_groups = m.overlap_dispatch ? dispatch_piece_groups() : 0;  // checked before any allocation
+  const int send_warps = m.overlap_dispatch ? dispatch_send_warps() : 0;
   m.layout = kernels::make_dispatch_layout(c, R);
   m.window = group.allocate(m.layout.total);
 
@@ -127,9 +145,9 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   p.traffic = static_cast<uint64_t*>(m.device_alloc(sizeof(uint64_t) * 2));
   p.recv_rows = static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * kMaxEpRanks));
   p.combine_tickets = static_cast<unsigned long long*>(m.device_alloc(sizeof(unsigned long long) * 2));
-  p.dispatch_tickets = static_cast<uint32_t*>(m.device_alloc(sizeof(uint32_t) * 2));
-  p.slot_token = m.overlap_dispatch ? static_cast<int32_t*>(m.device_alloc(sizeof(int32_t) * R * C)) : nullptr;
-  p.dispatch_lag = m.overlap_dispatch ? dispatch_lag() : 0;
+  p.dispatch_tickets = static_cast<uint32_t*>(m.device_alloc(sizeof(uint32_t) * 4));
+  p.dispatch_piece_groups = piece_groups;
+  p.dispatch_send_warps = send_warps;
   p.combine_lag = m.overlap ? combine_lag() : 0;
   p.grouped_x = m.device_alloc(max_rows * H * payload);
   p.grouped_scales = p.fp8 ? static_cast<float*>(m.device_alloc(sizeof(float) * max_rows * (H / 128))) : nullptr;

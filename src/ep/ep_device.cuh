@@ -67,13 +67,15 @@ __device__ inline void record_error(const EpDeviceContext& ctx, uint32_t code, E
 }
 
 // Waits (one thread) until *flag >= target. Returns false after recording a timeout, or when another
-// kernel already failed the group.
+// kernel already failed the group. sleep_ns > 0: __nanosleep between polls (the fused dispatch's expansion
+// warps share their SM with sender warps; spinning would take their issue slots).
 __device__ inline bool bounded_wait_geq(const EpDeviceContext& ctx, const uint64_t* flag, uint64_t target,
-                                        EpPhase phase, int peer) {
+                                        EpPhase phase, int peer, unsigned sleep_ns = 0) {
   if (load_acquire_sys(flag) >= target) return true;
   const uint64_t start = globaltimer_ns();
   uint32_t polls = 0;
   while (load_acquire_sys(flag) < target) {
+    if (sleep_ns) __nanosleep(sleep_ns);
     if ((++polls & 63u) == 0) {
       const uint64_t waited = globaltimer_ns() - start;
       if (group_failed(ctx)) return false;

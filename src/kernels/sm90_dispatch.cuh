@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "kernels/ep_dispatch_schedule.h"
+#include "kernels/ep_dispatch_pieces.h"
 #include "kernels/sm90_ep_common.cuh"
 #include "megamoe/error_cuda.h"
 
@@ -185,8 +185,6 @@ __global__ void __launch_bounds__(kEpLayoutTileTokens) ep_layout_kernel(EpParams
       if (r < R) {
         const int slot = ((mask >> r) & 1u) ? earlier_tiles[r] + warp_slot_base[r][warp] + in_warp[r] : -1;
         p.token_dest_slot[t * R + r] = slot;
-        // the inverse map of the remote slots, for the fused dispatch's work order (ep_dispatch_schedule.h)
-        if (p.slot_token && slot >= 0 && r != p.ctx.rank) p.slot_token[static_cast<size_t>(r) * p.capacity + slot] = t;
       }
   }
   if (tile == static_cast<int>(gridDim.x) - 1 && threadIdx.x < R)
@@ -280,11 +278,20 @@ __device__ inline void record_dispatch_traffic(const EpParams& p) {
   p.traffic[0] = remote_rows * row_bytes;
 }
 
+struct NoPiecePublish {
+  __device__ __forceinline__ void operator()(int) const {}
+};
+
 // One token of the send (one warp, all lanes): quantize (fp8) and store the row, scales and metadata
 // into every REMOTE destination's receive row me*C + slot, and the row into the grouped rows of this
 // rank's own experts that the token selected (local_row_base: first grouped row of (me, local expert)).
-__device__ __forceinline__ void dispatch_send_token(const EpParams& p, int t, const int* local_row_base, int lane) {
-  constexpr int kSendBatch = 4;
+// Pieces (fused dispatch): kMetaFirst stores the metadata (ids, positions, weights, source token) before
+// the payload, and the row is sent in pieces of piece_groups scale groups (0: one piece); after every
+// piece, publish(scale groups stored so far) runs on all lanes (the caller's progress publication).
+// The two-kernel send keeps the defaults (metadata last, one piece, nothing published).
+template <int kSendBatch = 4, bool kMetaFirst = false, typename Publish = NoPiecePublish>
+__device__ __forceinline__ void dispatch_send_token(const EpParams& p, int t, const int* local_row_base, int lane,
+                                                    int piece_groups = 0, Publish publish = {}) {
   const int R = p.ctx.ranks, H = p.hidden, k = p.top_k, S = p.num_scale_groups();
   const int me = p.ctx.rank, El = p.experts_per_rank;
   int dest_row[kMaxEpRanks];  // remote destinations only
@@ -317,72 +324,82 @@ __device__ __forceinline__ void dispatch_send_token(const EpParams& p, int t, co
     if (lane == 0) p.region<int32_t>(me, p.layout.recv_src_token)[row] = t;
   }
   const unsigned local_targets = __ballot_sync(0xffffffffu, dst >= 0);
+  auto write_metadata = [&]() {
+    for (int r = 0; r < R; ++r) {
+      if (dest_row[r] < 0) continue;
+      for (int j = lane; j < k; j += 32) {
+        const size_t at = static_cast<size_t>(dest_row[r]) * k + j;
+        const int id = p.saved_ids[t * k + j];
+        p.region<int32_t>(r, p.layout.recv_ids)[at] = id;
+        p.region<int32_t>(r, p.layout.recv_pos)[at] = id >= 0 ? p.slot_pos[t * k + j] : -1;
+        p.region<float>(r, p.layout.recv_weights)[at] = p.saved_weights[t * k + j];
+      }
+      if (lane == 0) p.region<int32_t>(r, p.layout.recv_src_token)[dest_row[r]] = t;
+    }
+  };
+  if constexpr (kMetaFirst) write_metadata();
   const uint4* src = reinterpret_cast<const uint4*>(p.hidden_in + static_cast<size_t>(t) * H);
   const int chunks = H / 16;  // multiple of 8: a scale group's 8 lanes are all active or all idle
-  for (int c0 = 0; c0 < chunks; c0 += 32 * kSendBatch) {
-    uint4 lo[kSendBatch], hi[kSendBatch];
+  // piece boundaries are whole scale groups (8 chunks), so the 8 lanes of a group stay together
+  const int piece_chunks = piece_groups > 0 ? piece_groups * 8 : chunks;
+  for (int piece = 0; piece < chunks; piece += piece_chunks) {
+    const int piece_end = min(chunks, piece + piece_chunks);
+    for (int c0 = piece; c0 < piece_end; c0 += 32 * kSendBatch) {
+      uint4 lo[kSendBatch], hi[kSendBatch];
 #pragma unroll
-    for (int u = 0; u < kSendBatch; ++u) {
-      const int c = c0 + u * 32 + lane;
-      lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
-      if (c < chunks) {
-        lo[u] = __ldg(src + 2 * c);
-        hi[u] = __ldg(src + 2 * c + 1);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kSendBatch; ++u) {
-      const int c = c0 + u * 32 + lane;
-      if (c0 + u * 32 >= chunks) break;  // warp-uniform
-      const bool active = c < chunks;
-      if (p.fp8) {
-        float scale;
-        const uint4 q = quantize16_fp8(lo[u], hi[u], &scale);
-        if (active)
-          for (int r = 0; r < R; ++r) {
-            if (dest_row[r] < 0) continue;
-            uint8_t* row = p.region<uint8_t>(r, p.layout.recv_x) + static_cast<size_t>(dest_row[r]) * H;
-            reinterpret_cast<uint4*>(row)[c] = q;
-            if ((lane & 7) == 0)
-              p.region<float>(r, p.layout.recv_scales)[static_cast<size_t>(dest_row[r]) * S + c / 8] = scale;
-          }
-        for (unsigned rest = local_targets; rest; rest &= rest - 1) {
-          const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-          if (!active) continue;
-          reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * H)[c] = q;
-          if ((lane & 7) == 0) p.grouped_scales[static_cast<size_t>(d) * S + c / 8] = scale;
+      for (int u = 0; u < kSendBatch; ++u) {
+        const int c = c0 + u * 32 + lane;
+        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+        if (c < piece_end) {
+          lo[u] = __ldg(src + 2 * c);
+          hi[u] = __ldg(src + 2 * c + 1);
         }
-      } else {
-        if (active)
-          for (int r = 0; r < R; ++r) {
-            if (dest_row[r] < 0) continue;
-            uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
-                                                  static_cast<size_t>(dest_row[r]) * H);
+      }
+#pragma unroll
+      for (int u = 0; u < kSendBatch; ++u) {
+        const int c = c0 + u * 32 + lane;
+        if (c0 + u * 32 >= piece_end) break;  // warp-uniform
+        const bool active = c < piece_end;
+        if (p.fp8) {
+          float scale;
+          const uint4 q = quantize16_fp8(lo[u], hi[u], &scale);
+          if (active)
+            for (int r = 0; r < R; ++r) {
+              if (dest_row[r] < 0) continue;
+              uint8_t* row = p.region<uint8_t>(r, p.layout.recv_x) + static_cast<size_t>(dest_row[r]) * H;
+              reinterpret_cast<uint4*>(row)[c] = q;
+              if ((lane & 7) == 0)
+                p.region<float>(r, p.layout.recv_scales)[static_cast<size_t>(dest_row[r]) * S + c / 8] = scale;
+            }
+          for (unsigned rest = local_targets; rest; rest &= rest - 1) {
+            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+            if (!active) continue;
+            reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * H)[c] = q;
+            if ((lane & 7) == 0) p.grouped_scales[static_cast<size_t>(d) * S + c / 8] = scale;
+          }
+        } else {
+          if (active)
+            for (int r = 0; r < R; ++r) {
+              if (dest_row[r] < 0) continue;
+              uint4* row = reinterpret_cast<uint4*>(p.region<__nv_bfloat16>(r, p.layout.recv_x) +
+                                                    static_cast<size_t>(dest_row[r]) * H);
+              row[2 * c] = lo[u];
+              row[2 * c + 1] = hi[u];
+            }
+          for (unsigned rest = local_targets; rest; rest &= rest - 1) {
+            const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+            if (!active) continue;
+            uint4* row =
+                reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.grouped_x) + static_cast<size_t>(d) * H);
             row[2 * c] = lo[u];
             row[2 * c + 1] = hi[u];
           }
-        for (unsigned rest = local_targets; rest; rest &= rest - 1) {
-          const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-          if (!active) continue;
-          uint4* row =
-              reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.grouped_x) + static_cast<size_t>(d) * H);
-          row[2 * c] = lo[u];
-          row[2 * c + 1] = hi[u];
         }
       }
     }
+    publish(piece_end / 8);  // scale groups of the row stored so far
   }
-  for (int r = 0; r < R; ++r) {
-    if (dest_row[r] < 0) continue;
-    for (int j = lane; j < k; j += 32) {
-      const size_t at = static_cast<size_t>(dest_row[r]) * k + j;
-      const int id = p.saved_ids[t * k + j];
-      p.region<int32_t>(r, p.layout.recv_ids)[at] = id;
-      p.region<int32_t>(r, p.layout.recv_pos)[at] = id >= 0 ? p.slot_pos[t * k + j] : -1;
-      p.region<float>(r, p.layout.recv_weights)[at] = p.saved_weights[t * k + j];
-    }
-    if (lane == 0) p.region<int32_t>(r, p.layout.recv_src_token)[dest_row[r]] = t;
-  }
+  if constexpr (!kMetaFirst) write_metadata();
 }
 
 // Grid kEpSendBlocks x (32 * kEpWarpsPerBlock), dynamic shared memory 4 * El bytes. One warp per token:
@@ -445,18 +462,9 @@ __device__ inline bool wait_for_arrivals(const EpParams& p, size_t arrivals_offs
   return ok != 0;
 }
 
-// Loads of received data: kFresh (fused dispatch, rows land while the kernel runs) reads through L2 only
-// (ld.global.cg), so no L1 line filled before a neighbouring row's flag was acquired is ever reused.
-template <bool kFresh, typename T>
-__device__ __forceinline__ T load_received(const T* p) {
-  if constexpr (kFresh) return __ldcg(p);
-  else return *p;
-}
-
 // One row received from ANOTHER rank s (row i of s's block, one warp, all lanes): load it once, store it
 // into the grouped row of every local expert it selected (row_base [R, El]: first grouped row of (s, e)),
 // and record grouped_sources / grouped_weights / recv_slot_row.
-template <bool kFresh>
 __device__ __forceinline__ void expand_received_row(const EpParams& p, int s, int i, const int* row_base, int lane) {
   constexpr int kBatch = 8;
   const int El = p.experts_per_rank, me = p.ctx.rank;
@@ -469,20 +477,20 @@ __device__ __forceinline__ void expand_received_row(const EpParams& p, int s, in
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
     const int c = u * 32 + lane;
-    if (c < words) v[u] = load_received<kFresh>(src + c);
+    if (c < words) v[u] = src[c];
   }
   int dst = -1;
   if (lane < k) {
-    const int e = load_received<kFresh>(p.region<int32_t>(me, p.layout.recv_ids) + row * k + lane) - first;
+    const int e = p.region<int32_t>(me, p.layout.recv_ids)[row * k + lane] - first;
     if (e >= 0 && e < El) {
-      dst = row_base[s * El + e] + load_received<kFresh>(p.region<int32_t>(me, p.layout.recv_pos) + row * k + lane);
+      dst = row_base[s * El + e] + p.region<int32_t>(me, p.layout.recv_pos)[row * k + lane];
       if (dst >= p.max_rows) dst = -1;  // inconsistent counts from a peer: never write out of range
     }
     p.recv_slot_row[row * k + lane] = dst;
     if (dst >= 0) {
-      const float w = load_received<kFresh>(p.region<float>(me, p.layout.recv_weights) + row * k + lane);
+      const float w = p.region<float>(me, p.layout.recv_weights)[row * k + lane];
       p.grouped_sources[dst] =
-          RowSource{s, load_received<kFresh>(p.region<int32_t>(me, p.layout.recv_src_token) + row), lane, w};
+          RowSource{s, p.region<int32_t>(me, p.layout.recv_src_token)[row], lane, w};
       p.grouped_weights[dst] = w;
     }
   }
@@ -492,7 +500,7 @@ __device__ __forceinline__ void expand_received_row(const EpParams& p, int s, in
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         const int c = w0 + u * 32 + lane;
-        if (c < words) v[u] = load_received<kFresh>(src + c);
+        if (c < words) v[u] = src[c];
       }
     }
     for (unsigned rest = targets; rest; rest &= rest - 1) {
@@ -508,7 +516,7 @@ __device__ __forceinline__ void expand_received_row(const EpParams& p, int s, in
   if (p.fp8) {
     const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;
     for (int g0 = 0; g0 < S; g0 += 32) {
-      const float sv = g0 + lane < S ? load_received<kFresh>(src_scales + g0 + lane) : 0.0f;
+      const float sv = g0 + lane < S ? src_scales[g0 + lane] : 0.0f;
       for (unsigned rest = targets; rest; rest &= rest - 1) {
         const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
         if (g0 + lane < S) p.grouped_scales[static_cast<size_t>(d) * S + g0 + lane] = sv;
@@ -546,59 +554,121 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_receive_kernel(EpPar
   for (int s = 0; s < R; ++s) {
     if (s == me) continue;  // this rank's own rows were grouped by its send kernel
     const int n = static_cast<int>(recv_count[s]);
-    for (int i = warp_global; i < n; i += warps) expand_received_row<false>(p, s, i, row_base, lane);
+    for (int i = warp_global; i < n; i += warps) expand_received_row(p, s, i, row_base, lane);
   }
 }
 
-// ---- fused dispatch (MEGAMOE_EP_OVERLAP=1): send and receive in ONE kernel --------------------------------
-// Grid kEpSendBlocks x (32 * kEpWarpsPerBlock), dynamic shared memory 4 * E bytes (row_base [R, El]).
-// Every block runs the send prologue (publish_counts_and_wait: counts_ready is bumped by exactly
-// kEpSendBlocks blocks per call, as with the send kernel), derives the grouped layout of ALL senders
-// (block 0 writes expert_offsets and the local recv_rows copy), then its warps take work items in ticket
-// order (one atomic per warp and item on dispatch_tickets[0]), sends and receives merged by position
-// (DispatchSchedule, src/kernels/ep_dispatch_schedule.h; the item of a ticket by a warp-cooperative search):
-//   send token t (dispatch_send_token), then publish it: __syncwarp, system fence, and st.release.sys
-//     of the epoch into every remote destination's dispatch_ready[me*C + slot];
-//   receive row i of sender s (skipped past the rows s sent here): wait (bounded, {rank, 'dispatch', s})
-//     until its dispatch_ready word shows this epoch, then expand it (expand_received_row<true>).
+// ---- fused dispatch (MEGAMOE_EP_OVERLAP=1): one kernel, two warp roles per block ------------------------
+// One row received from ANOTHER rank s while s is still sending it (fused dispatch, one warp, all lanes):
+// piece by piece (DispatchPieces, src/kernels/ep_dispatch_pieces.h), wait (bounded, every lane acquires,
+// {rank, 'dispatch', s} on timeout) until s's progress word of the row shows the piece, then copy it into
+// the grouped row of every local expert the row selected (loads through L2: ld.global.cg). The metadata
+// (ids, positions, weights, source token) lands before the first piece, so it is read after the first wait.
+// Stores the same bytes as expand_received_row. Returns false (warp-uniform) when a wait failed.
+__device__ __forceinline__ bool expand_received_row_pieces(const EpParams& p, int s, int i, const int* row_base, int lane,
+                                                           const DispatchPieces& pieces, uint64_t epoch) {
+  constexpr int kBatch = kEpRoleExpandBatch;
+  constexpr unsigned kPollSleepNs = 64;
+  const int El = p.experts_per_rank, me = p.ctx.rank;
+  const int k = p.top_k, H = p.hidden, S = p.num_scale_groups(), first = me * El;
+  const size_t row_bytes = static_cast<size_t>(H) * (p.fp8 ? 1 : 2);
+  const int words_per_group = p.fp8 ? kEpScaleGroup / 16 : kEpScaleGroup * 2 / 16;  // 16-byte words
+  const size_t row = static_cast<size_t>(s) * p.capacity + i;
+  const uint4* src = reinterpret_cast<const uint4*>(p.region<uint8_t>(me, p.layout.recv_x) + row * row_bytes);
+  const uint64_t* progress = p.region<uint64_t>(me, p.layout.dispatch_ready) + row;
+  int dst = -1;
+  unsigned targets = 0;
+  for (int q = 0; q < pieces.count(); ++q) {
+    const bool ok = ep_device::bounded_wait_geq(p.ctx, progress, dispatch_progress_word(epoch, pieces.end(q)),
+                                                EpPhase::kDispatch, s, kPollSleepNs);
+    if (!__all_sync(0xffffffffu, ok)) return false;
+    const int w_begin = pieces.begin(q) * words_per_group, w_end = pieces.end(q) * words_per_group;
+    for (int w0 = w_begin; w0 < w_end; w0 += 32 * kBatch) {
+      uint4 v[kBatch];  // the row's first batch is loaded before its metadata: the two latencies overlap
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int c = w0 + u * 32 + lane;
+        if (c < w_end) v[u] = __ldcg(src + c);
+      }
+      if (q == 0 && w0 == w_begin) {  // warp-uniform
+        if (lane < k) {
+          const int e = __ldcg(p.region<int32_t>(me, p.layout.recv_ids) + row * k + lane) - first;
+          if (e >= 0 && e < El) {
+            dst = row_base[s * El + e] + __ldcg(p.region<int32_t>(me, p.layout.recv_pos) + row * k + lane);
+            if (dst >= p.max_rows) dst = -1;  // inconsistent counts from a peer: never write out of range
+          }
+          p.recv_slot_row[row * k + lane] = dst;
+          if (dst >= 0) {
+            const float w = __ldcg(p.region<float>(me, p.layout.recv_weights) + row * k + lane);
+            p.grouped_sources[dst] = RowSource{s, __ldcg(p.region<int32_t>(me, p.layout.recv_src_token) + row), lane, w};
+            p.grouped_weights[dst] = w;
+          }
+        }
+        targets = __ballot_sync(0xffffffffu, dst >= 0);
+      }
+      for (unsigned rest = targets; rest; rest &= rest - 1) {
+        const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+        uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * row_bytes);
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int c = w0 + u * 32 + lane;
+          if (c < w_end) out[c] = v[u];
+        }
+      }
+    }
+    if (p.fp8) {
+      const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;
+      for (int g0 = pieces.begin(q); g0 < pieces.end(q); g0 += 32) {
+        const int g = g0 + lane;
+        const float sv = g < pieces.end(q) ? __ldcg(src_scales + g) : 0.0f;
+        for (unsigned rest = targets; rest; rest &= rest - 1) {
+          const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+          if (g < pieces.end(q)) p.grouped_scales[static_cast<size_t>(d) * S + g] = sv;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+// Grid kEpSendBlocks x (32 * kEpRoleWarps), __launch_bounds__(32 * kEpRoleWarps, 1) (<= 64 registers, 32 warps
+// per SM), dynamic shared memory 4 * E bytes (row_base [R, El]).
+// Every block runs the send prologue (publish_counts_and_wait: counts_ready still advances by exactly
+// kEpSendBlocks per call), derives the grouped layout of ALL senders (block 0 writes expert_offsets and the
+// local recv_rows copy); then its warps take one of two roles:
+//   warps [0, p.dispatch_send_warps) (default kEpRoleSendWarps = 16): SENDERS. Tokens in ticket order (one atomic per warp and token on
+//     dispatch_tickets[0]); per token the send kernel's body (dispatch_send_token, metadata first) in
+//     pieces of p.dispatch_piece_groups scale groups; after every piece: __syncwarp, lane 0 one system
+//     fence + st.release.sys of (epoch << 16) | groups stored into every remote destination's
+//     dispatch_ready[me*C + slot] (one fence per piece and token; tokens with no remote destination
+//     publish nothing).
+//   warps [p.dispatch_send_warps, kEpRoleWarps): EXPANDERS. Received rows in ticket order (dispatch_tickets[1];
+//     item j -> row j / (R-1) of sender (me + 1 + j % (R-1)) % R, skipped past recv_count[s]):
+//     expand_received_row_pieces, which follows the row's progress word piece by piece.
 // NOTES:
-// - No deadlock without any residency assumption: a receive of row i sits at step i + lag, after the
-//   step of the send it waits for (<= i: see ep_dispatch_schedule.h), and sends never wait after the
-//   prologue; tickets are handed out in position order, so the smallest incomplete position is always
-//   held by a running warp and completes (docs/ep.md, "Overlap"). The prologue wait only needs one
-//   block of every peer to have started, as before.
-// - Overlap: a receive of row i is handed out `lag` steps after the peer handed out the send of that
-//   row (R = 2: the peer's send of its token with slot i here sits exactly at step i), so the
-//   expansion runs under the NVLink stores of later sends instead of after a whole-kernel boundary.
-// - Memory ordering: the sending warp's lanes store the row, scales and metadata; __syncwarp orders
-//   them before lane 0's fence + st.release.sys of the flag; every receiving lane acquires the flag
-//   itself and reads the row through L2 (ld.global.cg). Flags hold the epoch, so they need no reset.
+// - No deadlock, whatever the residency of blocks: after the prologue (which only needs one block of every
+//   peer to have started, as before) senders never wait; every running block has sender warps, and tokens
+//   are handed out by ticket, so every token is sent as long as any block of the rank runs; expanders
+//   wait only for peers' senders. The one __syncthreads after the prologue is the final one, which a
+//   sender reaches only when no token is left to take.
+// - dispatch_send_warps is in [1, kEpRoleWarps - 1] (checked on the host): every block has senders (the
+//   deadlock argument) and expanders (rows are expanded only by them).
+// - Occupancy: one register budget for both roles; 1024 threads at <= 64 registers give 16 sender + 16
+//   expander warps on every SM by default (the send kernel had 16 warps per SM at 85 registers, the receive kernel
+//   32 at 62 after the send; the merged-order kernel this replaces had 16 at 122 doing both).
+// - Memory ordering: the sending warp's lanes store the metadata and the piece; __syncwarp orders them
+//   before lane 0's fence + st.release.sys of the word (cumulative); every expanding lane acquires the
+//   word itself and reads through L2 (ld.global.cg). Words carry the epoch, so they need no reset.
 // - Window reuse: as in the two-kernel path (a sender writes rows into this window only after this
 //   rank's next send prologue, i.e. after this kernel and this rank's combine). dispatch_arrivals is
 //   not used by this path.
-// - dispatch_tickets is zeroed by the last block to finish (graph-capturable, no memset node).
-// The step of item w (find_dispatch_step_host, warp-cooperatively): a 32-ary search, every lane probes
-// one point of [lo, hi) per round (items_before is non-decreasing, so the probes <= w form a prefix of
-// the lanes); ~3 rounds for 8K steps. Call with all lanes; w warp-uniform.
-__device__ __forceinline__ int find_dispatch_step(const DispatchSchedule& sc, unsigned w, int lane) {
-  int lo = 0, hi = sc.virtual_steps;  // items_before(lo) <= w < items_before(hi)
-  while (hi - lo > 1) {
-    const int step = (hi - lo + 31) / 32;
-    const int probe = lo + (lane + 1) * step;
-    const bool le = probe < hi && sc.items_before(probe) <= w;
-    const int below = __popc(__ballot_sync(0xffffffffu, le));
-    hi = min(hi, lo + (below + 1) * step);
-    lo += below * step;
-  }
-  return lo;
-}
-
-__global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_fused_kernel(EpParams p) {
+// - dispatch_tickets [3] (send, expand, blocks done) are zeroed by the last block to finish.
+__global__ void __launch_bounds__(32 * kEpRoleWarps, 1) ep_dispatch_fused_kernel(EpParams p) {
   if (ep_device::group_failed(p.ctx)) return;
   extern __shared__ int row_base[];  // [R, El]: first grouped row of (sender s, local expert e)
   __shared__ int scratch[32];
   __shared__ int block_failed;
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int R = p.ctx.ranks, me = p.ctx.rank, El = p.experts_per_rank, T = p.num_tokens;
   const uint64_t epoch = *reinterpret_cast<volatile uint64_t*>(p.epoch);
   if (threadIdx.x == 0) block_failed = 0;
@@ -607,58 +677,61 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_dispatch_fused_kerne
                     /*write_offsets=*/blockIdx.x == 0);
   const volatile uint64_t* recv_count = p.region<uint64_t>(me, p.layout.recv_count);
   if (blockIdx.x == 0 && static_cast<int>(threadIdx.x) < R) p.recv_rows[threadIdx.x] = static_cast<int>(recv_count[threadIdx.x]);
-  int max_rows = 0;
-  for (int s = 0; s < R; ++s)
-    if (s != me) max_rows = max(max_rows, static_cast<int>(recv_count[s]));
-  DispatchSchedule sc;
-  sc.slot_token = p.slot_token;
-  sc.send_count = p.send_count;
-  sc.ranks = R;
-  sc.me = me;
-  sc.capacity = p.capacity;
-  sc.tokens = T;
-  sc.lag = p.dispatch_lag;
-  sc.virtual_steps = dispatch_virtual_steps(p.send_count, R, me, T, max_rows, sc.lag);
-  const unsigned items = sc.items();
-  const uint64_t* ready = p.region<uint64_t>(me, p.layout.dispatch_ready);
   bool failed = false;
-  while (true) {
-    unsigned w = 0;
-    if (lane == 0) w = atomicAdd(p.dispatch_tickets, 1u);
-    w = __shfl_sync(0xffffffffu, w, 0);
-    if (w >= items) break;
-    int t = 0, s = 0, i = 0;
-    if (sc.decode(w, find_dispatch_step(sc, w, lane), &t, &s, &i)) {
-      dispatch_send_token(p, t, row_base + me * El, lane);
-      __syncwarp();
-      if (lane == 0) {
-        __threadfence_system();
-        for (int r = 0; r < R; ++r) {
-          const int slot = r == me ? -1 : p.token_dest_slot[t * R + r];
-          if (slot >= 0)
-            ep_device::store_release_sys(p.region<uint64_t>(r, p.layout.dispatch_ready) + static_cast<size_t>(me) * p.capacity + slot,
-                                         epoch);
+  if (warp < p.dispatch_send_warps) {
+    while (true) {
+      unsigned t = 0;
+      if (lane == 0) t = atomicAdd(p.dispatch_tickets + 0, 1u);
+      t = __shfl_sync(0xffffffffu, t, 0);
+      if (t >= static_cast<unsigned>(T)) break;
+      const int token = static_cast<int>(t);
+      const bool remote = __any_sync(0xffffffffu, lane < R && lane != me && p.token_dest_slot[token * R + lane] >= 0);
+      auto publish = [&](int groups_done) {
+        if (!remote) return;  // warp-uniform: nothing of this token went to another rank
+        __syncwarp();
+        if (lane == 0) {
+          __threadfence_system();
+          for (int r = 0; r < R; ++r) {
+            const int slot = r == me ? -1 : p.token_dest_slot[token * R + r];
+            if (slot >= 0)
+              ep_device::store_release_sys(
+                  p.region<uint64_t>(r, p.layout.dispatch_ready) + static_cast<size_t>(me) * p.capacity + slot,
+                  dispatch_progress_word(epoch, groups_done));
+          }
         }
+      };
+      dispatch_send_token<kEpRoleSendBatch, /*kMetaFirst=*/true>(p, token, row_base + me * El, lane,
+                                                                 p.dispatch_piece_groups, publish);
+    }
+  } else if (R > 1) {
+    int max_rows = 0;
+    for (int s = 0; s < R; ++s)
+      if (s != me) max_rows = max(max_rows, static_cast<int>(recv_count[s]));
+    const unsigned items = static_cast<unsigned>(R - 1) * static_cast<unsigned>(max_rows);
+    const DispatchPieces pieces{p.num_scale_groups(), p.dispatch_piece_groups};
+    while (true) {
+      unsigned j = 0;
+      if (lane == 0) j = atomicAdd(p.dispatch_tickets + 1, 1u);
+      j = __shfl_sync(0xffffffffu, j, 0);
+      if (j >= items) break;
+      const int s = (me + 1 + static_cast<int>(j % static_cast<unsigned>(R - 1))) % R;
+      const int i = static_cast<int>(j / static_cast<unsigned>(R - 1));
+      if (i >= static_cast<int>(recv_count[s])) continue;  // warp-uniform (past the rows s sent here)
+      if (!expand_received_row_pieces(p, s, i, row_base, lane, pieces, epoch)) {
+        failed = true;
+        break;
       }
-      continue;
     }
-    if (i >= static_cast<int>(recv_count[s])) continue;  // warp-uniform (past the rows s sent here)
-    const bool ok = ep_device::bounded_wait_geq(p.ctx, ready + static_cast<size_t>(s) * p.capacity + i, epoch,
-                                                EpPhase::kDispatch, s);
-    if (!__all_sync(0xffffffffu, ok)) {
-      failed = true;
-      break;
-    }
-    expand_received_row<true>(p, s, i, row_base, lane);
   }
   if (failed && lane == 0) block_failed = 1;
   __syncthreads();
   if (threadIdx.x == 0 && !block_failed) {
     if (blockIdx.x == 0) record_dispatch_traffic(p);
     __threadfence();
-    if (atomicAdd(p.dispatch_tickets + 1, 1u) == gridDim.x - 1) {
+    if (atomicAdd(p.dispatch_tickets + 2, 1u) == gridDim.x - 1) {
       p.dispatch_tickets[0] = 0;
       p.dispatch_tickets[1] = 0;
+      p.dispatch_tickets[2] = 0;
     }
   }
 }
@@ -676,7 +749,7 @@ inline void launch_ep_dispatch(const EpParams& p, cudaStream_t stream, const cud
   MEGAMOE_LAUNCH_CHECK();
   if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[1], stream));
   if (fused) {
-    ep_dispatch_fused_kernel<<<kEpSendBlocks, 32 * kEpWarpsPerBlock, expert_table_bytes, stream>>>(p);
+    ep_dispatch_fused_kernel<<<kEpSendBlocks, 32 * kEpRoleWarps, expert_table_bytes, stream>>>(p);
     MEGAMOE_LAUNCH_CHECK();
     if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[2], stream));
     if (marks) MEGAMOE_CUDA_CHECK(cudaEventRecord(marks[3], stream));

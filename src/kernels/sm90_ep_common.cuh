@@ -20,6 +20,13 @@ inline constexpr int kEpCombineBlocks = 256;  // combine send is read-bound: 2 b
 inline constexpr int kEpReceiveBlocks = 256;  // receive side only (not counted by peers)
 inline constexpr int kEpMaxExperts = 8192;    // layout/receive keep 4 * E bytes of shared memory
 inline constexpr int kEpWarpsPerBlock = 16;
+// Fused dispatch (ep_dispatch_fused_kernel): kEpSendBlocks blocks of kEpRoleWarps warps, the first
+// EpParams::dispatch_send_warps (MEGAMOE_EP_DISPATCH_SEND_WARPS, default kEpRoleSendWarps) send, the others
+// expand received rows; one block per SM at <= 64 registers.
+inline constexpr int kEpRoleWarps = 32;
+inline constexpr int kEpRoleSendWarps = 16;
+inline constexpr int kEpRoleSendBatch = 4;  // 32-byte loads in flight per lane in a sender warp
+inline constexpr int kEpRoleExpandBatch = 4;  // 16-byte loads in flight per lane in an expander warp
 inline constexpr int kEpLayoutTileTokens = 256;  // tokens per layout block (= its threads)
 inline constexpr int kEpScaleGroup = 128;  // FP8 activation scales: one per token per 128 channels
 
@@ -44,8 +51,9 @@ inline constexpr int kEpScaleGroup = 128;  // FP8 activation scales: one per tok
 //   combine_progress   uint64 [C * R]         word t*R + r = (epoch << 16) | steps of row t*R + r of
 //                                             combine_partials that rank r has stored (fused combine,
 //                                             MEGAMOE_EP_OVERLAP=1; a step = 256 channels)
-//   dispatch_ready     uint64 [R * C]         word s*C + i = epoch of the latest call in which sender s
-//                                             finished receive row s*C + i (fused dispatch)
+//   dispatch_ready     uint64 [R * C]         word s*C + i = (epoch << 16) | scale groups of receive row
+//                                             s*C + i that sender s has stored in call epoch (fused
+//                                             dispatch, ep_dispatch_pieces.h)
 // Each region starts on a 256-byte boundary.
 // Total ~ R*C*(H*P + 4S + 12k + 4) + C*R*(H*2 + 16) + 4*R*El + 256 bytes.
 struct DispatchLayout {
@@ -207,9 +215,9 @@ struct EpParams {
   uint64_t* traffic;        // [2]: remote bytes dispatched / combined by the latest call
   int32_t* recv_rows;       // [kMaxEpRanks]: local copy of recv_count (receive kernel), read by the fused combine
   unsigned long long* combine_tickets;  // [2]: fused combine work tickets taken, blocks done (zero between calls)
-  uint32_t* dispatch_tickets;  // [2]: fused dispatch work tickets taken, blocks done (zero between calls)
-  int32_t* slot_token;      // [R, C]: token in (remote destination d, slot x) (layout; fused dispatch only, else null)
-  int dispatch_lag;         // fused dispatch: receive row i is scheduled at step i + lag (ep_dispatch_schedule.h)
+  uint32_t* dispatch_tickets;  // [3]: fused dispatch send tickets, expand tickets, blocks done (zero between calls)
+  int dispatch_piece_groups;   // fused dispatch: scale groups per progress publication (ep_dispatch_pieces.h)
+  int dispatch_send_warps;     // fused dispatch: sender warps per block, in [1, kEpRoleWarps - 1]
   int combine_lag;          // fused combine: own token t is scheduled with the peers' rows t + lag
   // grouped rows (local)
   void* grouped_x;

@@ -470,8 +470,8 @@ inline DispatchCombineResult dispatch_combine_once(EpDispatcher& io, EpGroup& gr
 }
 
 // MEGAMOE_EP_OVERLAP=0 vs =1 on the same inputs, bit for bit: four dispatchers on `group` (two-kernel paths,
-// fused paths, fused paths with both lags 0, and fused combine after the two-kernel dispatch:
-// MEGAMOE_EP_OVERLAP_DISPATCH=0),
+// fused paths, fused paths with combine lag 0, dispatch piece 1 and 4 sender warps, and fused combine after the two-kernel
+// dispatch: MEGAMOE_EP_OVERLAP_DISPATCH=0),
 // `calls` calls each (so epochs advance), call i with tokens_per_rank[i] and routing routings[i % size];
 // grouped rows (per source, any order inside an expert) and combine outputs must be identical, and the
 // outputs must match the host sum in kernel order (combine_in_kernel_order). Returns rows compared.
@@ -487,8 +487,11 @@ inline int64_t run_overlap_comparison(EpGroup& group, DispatchCase tc, const std
     ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
     fused = std::make_unique<EpDispatcher>(group, config);
     {
-      // both lags 0: consumers / receives handed out right after the items they wait for
-      ScopedEnv combine_lag("MEGAMOE_EP_COMBINE_LAG", "0"), dispatch_lag("MEGAMOE_EP_DISPATCH_LAG", "0");
+      // combine lag 0 (consumers handed out right after the producers they wait for), a dispatch piece of
+      // one scale group (a progress publication per 128 channels: the most waits per expanded row) and 4
+      // sender warps per block (512 per rank: several tokens per sender warp in the wide case)
+      ScopedEnv combine_lag("MEGAMOE_EP_COMBINE_LAG", "0"), dispatch_piece("MEGAMOE_EP_DISPATCH_PIECE", "1"),
+          send_warps("MEGAMOE_EP_DISPATCH_SEND_WARPS", "4");
       fused_lag0 = std::make_unique<EpDispatcher>(group, config);
     }
     ScopedEnv two_kernel_dispatch("MEGAMOE_EP_OVERLAP_DISPATCH", "0");  // fused combine, two-kernel dispatch
@@ -510,7 +513,7 @@ inline int64_t run_overlap_comparison(EpGroup& group, DispatchCase tc, const std
     const auto b = dispatch_combine_once(*fused, group, tc, mine, apply_weights, stream);
     const auto c = dispatch_combine_once(*mixed, group, tc, mine, apply_weights, stream);
     const auto z = dispatch_combine_once(*fused_lag0, group, tc, mine, apply_weights, stream);
-    EXPECT_TRUE(a.rows == z.rows && a.out == z.out) << "the fused paths with both lags 0 differ";
+    EXPECT_TRUE(a.rows == z.rows && a.out == z.out) << "the fused paths with combine lag 0, dispatch piece 1, 4 sender warps differ";
     EXPECT_TRUE(a.rows == b.rows) << "grouped rows differ (" << a.rows.size() << " vs " << b.rows.size() << " rows)";
     EXPECT_TRUE(a.rows == c.rows) << "grouped rows of the two-kernel dispatch under MEGAMOE_EP_OVERLAP=1 differ";
     EXPECT_TRUE(a.out == c.out) << "fused combine after the two-kernel dispatch differs";

@@ -55,7 +55,8 @@ TEST_F(EpSingle, DispatchCombineBitExactOverlap) {
 }
 
 // MEGAMOE_EP_OVERLAP=0 vs 1 on one rank, bit for bit, over several calls (epochs), padded and empty calls,
-// a hidden size with two progress publications per row (2560 = 10 steps: after 8 and 10), unweighted calls.
+// a hidden size with two progress publications per row (2560 = 10 steps: after 8 and 10), unweighted calls;
+// bad MEGAMOE_EP_DISPATCH_PIECE / MEGAMOE_EP_DISPATCH_SEND_WARPS values are rejected.
 TEST_F(EpSingle, OverlapMatchesTwoKernelPath) {
   auto group = single_rank_group();
   group->warmup(stream_);
@@ -72,8 +73,20 @@ TEST_F(EpSingle, OverlapMatchesTwoKernelPath) {
                                    {Routing::kPadded, Routing::kSkewed, Routing::kUniform}, stream_);
   }
   EXPECT_GT(rows, 0);
-  ScopedEnv bad("MEGAMOE_EP_OVERLAP", "yes");  // a bad value is rejected at creation
   const EpDispatchConfig config{256, 2, 4, 8, EpPayload::kFp8};
+  for (const char* piece : {"0", "65536", "8x"}) {  // a bad dispatch piece is rejected at creation
+    ScopedEnv overlap("MEGAMOE_EP_OVERLAP_DISPATCH", "1"), bad_piece("MEGAMOE_EP_DISPATCH_PIECE", piece);
+    EXPECT_THROW({ EpDispatcher io(*group, config); }, Error) << "MEGAMOE_EP_DISPATCH_PIECE=" << piece;
+  }
+  for (const char* warps : {"0", "32", ""}) {  // so is a bad role split ("" = unset: the default, accepted)
+    ScopedEnv overlap("MEGAMOE_EP_OVERLAP_DISPATCH", "1"), bad_split("MEGAMOE_EP_DISPATCH_SEND_WARPS", warps);
+    if (*warps) {
+      EXPECT_THROW({ EpDispatcher io(*group, config); }, Error) << "MEGAMOE_EP_DISPATCH_SEND_WARPS=" << warps;
+    } else {
+      EXPECT_NO_THROW({ EpDispatcher io(*group, config); });
+    }
+  }
+  ScopedEnv bad("MEGAMOE_EP_OVERLAP", "yes");  // a bad value is rejected at creation
   EXPECT_THROW({ EpDispatcher io(*group, config); }, Error);
 }
 
