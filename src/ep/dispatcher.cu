@@ -38,7 +38,9 @@ int lag_from_env(const char* name, int unset_value) {
 int combine_lag() { return lag_from_env("MEGAMOE_EP_COMBINE_LAG", 128); }
 // Fused dispatch's piece: scale groups (128 channels) a sender stores between two progress publications
 // of a row: env MEGAMOE_EP_DISPATCH_PIECE, an integer in [1, 65535], default 16 (2048 channels: 4
-// publications per 7168-wide row; a tuning knob: every value gives bit-identical results).
+// publications per 7168-wide row; a tuning knob: every value gives bit-identical results). Default: the
+// whole row (kEpDispatchMaxGroups is clamped to the row): session 16 measured 4 / 16 / 28 / 56 groups at
+// 7168 channels, and 56 (one publication per row) was fastest, 1.10x over 16 at 4096 tokens, 1.16x at 8192.
 int int_from_env(const char* name, int unset_value, int lo, int hi) {
   const char* v = std::getenv(name);
   if (!v || !*v) return unset_value;
@@ -47,9 +49,10 @@ int int_from_env(const char* name, int unset_value, int lo, int hi) {
   MEGAMOE_CHECK(*end == '\0' && n >= lo && n <= hi, name, " = '", v, "' must be an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(n);
 }
-int dispatch_piece_groups() { return int_from_env("MEGAMOE_EP_DISPATCH_PIECE", 16, 1, kernels::kEpDispatchMaxGroups); }
+int dispatch_piece_groups() { return int_from_env("MEGAMOE_EP_DISPATCH_PIECE", kernels::kEpDispatchMaxGroups, 1, kernels::kEpDispatchMaxGroups); }
 // Fused dispatch's role split: sender warps per block of kEpRoleWarps (the others expand received rows):
-// env MEGAMOE_EP_DISPATCH_SEND_WARPS in [1, kEpRoleWarps - 1], default kEpRoleSendWarps (16; a tuning knob).
+// env MEGAMOE_EP_DISPATCH_SEND_WARPS in [1, kEpRoleWarps - 1], default kEpRoleSendWarps (24; a tuning knob:
+// session 16 measured 12 / 16 / 20 / 24 / 26 / 28 of 32, and 24 was fastest).
 int dispatch_send_warps() {
   return int_from_env("MEGAMOE_EP_DISPATCH_SEND_WARPS", kernels::kEpRoleSendWarps, 1, kernels::kEpRoleWarps - 1);
 }
@@ -69,12 +72,13 @@ struct EpDispatcher::Impl {
   int last_tokens = -1;
   std::array<cudaEvent_t, 7> marks{};  // kernel timing: 4 around dispatch, 3 around combine
   bool timing = false;
-  // MEGAMOE_EP_OVERLAP (read once, here at creation, so a test can choose per dispatcher): 1 = the fused
-  // dispatch (ep_dispatch_fused_kernel) and combine (ep_combine_fused_kernel). Every rank of the group must use the same value (a mismatch
-  // ends in the bounded-wait error of the combine).
-  bool overlap = false;
-  // Diagnostics only: MEGAMOE_EP_OVERLAP_DISPATCH=0|1 (unset: = overlap) picks the dispatch path alone, so
-  // the fused combine can be timed beside the two-kernel dispatch (every combination is valid).
+  // MEGAMOE_EP_OVERLAP (read once, here at creation, so a test can choose per dispatcher; default 1 since
+  // session 16, when both whole suites passed with it): 1 = the fused dispatch (ep_dispatch_fused_kernel)
+  // and combine (ep_combine_fused_kernel), 0 = the two-kernel paths. Every rank of the group must use the
+  // same value (a mismatch ends in the bounded-wait error of the combine).
+  bool overlap = true;
+  // MEGAMOE_EP_OVERLAP_DISPATCH=0|1 (unset: = overlap) picks the dispatch path alone, so the fused combine
+  // can be timed beside the two-kernel dispatch (every combination is valid).
   bool overlap_dispatch = false;
 
   void* device_alloc(size_t bytes) {
@@ -107,7 +111,7 @@ EpDispatcher::EpDispatcher(EpGroup& group, const EpDispatchConfig& c) : impl_(st
   auto& m = *impl_;
   m.group = &group;
   m.config = c;
-  m.overlap = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP", false);
+  m.overlap = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP", true);
   m.overlap_dispatch = kernels::detail::env_switch("MEGAMOE_EP_OVERLAP_DISPATCH", m.overlap);
   const int piece_groups = m.overlap_dispatch ? dispatch_piece_groups() : 0;  // checked before any allocation
   const int send_warps = m.overlap_dispatch ? dispatch_send_warps() : 0;

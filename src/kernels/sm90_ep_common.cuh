@@ -24,7 +24,7 @@ inline constexpr int kEpWarpsPerBlock = 16;
 // EpParams::dispatch_send_warps (MEGAMOE_EP_DISPATCH_SEND_WARPS, default kEpRoleSendWarps) send, the others
 // expand received rows; one block per SM at <= 64 registers.
 inline constexpr int kEpRoleWarps = 32;
-inline constexpr int kEpRoleSendWarps = 16;
+inline constexpr int kEpRoleSendWarps = 24;
 inline constexpr int kEpRoleSendBatch = 4;  // 32-byte loads in flight per lane in a sender warp
 inline constexpr int kEpRoleExpandBatch = 4;  // 16-byte loads in flight per lane in an expander warp
 inline constexpr int kEpLayoutTileTokens = 256;  // tokens per layout block (= its threads)

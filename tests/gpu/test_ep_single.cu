@@ -48,9 +48,10 @@ void dispatch_combine_bit_exact(cudaStream_t stream_) {
 
 TEST_F(EpSingle, DispatchCombineBitExact) { dispatch_combine_bit_exact(stream_); }
 
-// The same cases through the fused combine (MEGAMOE_EP_OVERLAP=1, read when each dispatcher is created).
-TEST_F(EpSingle, DispatchCombineBitExactOverlap) {
-  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+// The same cases through the two-kernel dispatch and combine (MEGAMOE_EP_OVERLAP=0, read when each dispatcher
+// is created; the fused paths are the default since session 16).
+TEST_F(EpSingle, DispatchCombineBitExactTwoKernel) {
+  ScopedEnv two_kernel("MEGAMOE_EP_OVERLAP", "0");
   dispatch_combine_bit_exact(stream_);
 }
 
@@ -145,9 +146,9 @@ void staged_matches_reference(cudaStream_t stream_) {
 
 TEST_F(EpSingle, StagedMatchesReference) { staged_matches_reference(stream_); }
 
-// The staged backend (graph replay included) with the fused combine.
-TEST_F(EpSingle, StagedMatchesReferenceOverlap) {
-  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+// The staged backend (graph replay included) with the two-kernel dispatch and combine.
+TEST_F(EpSingle, StagedMatchesReferenceTwoKernel) {
+  ScopedEnv two_kernel("MEGAMOE_EP_OVERLAP", "0");
   staged_matches_reference(stream_);
 }
 

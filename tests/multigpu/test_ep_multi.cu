@@ -115,11 +115,11 @@ TEST(EpMulti, DispatchCombineBitExact) {
   dispatch_combine_bit_exact(rank);
 }
 
-// The same cases through the fused combine (MEGAMOE_EP_OVERLAP=1; set in the launched ranks, read when
-// each dispatcher is created).
-TEST(EpMulti, DispatchCombineBitExactOverlap) {
+// The same cases through the two-kernel dispatch and combine (MEGAMOE_EP_OVERLAP=0; set in the launched ranks,
+// read when each dispatcher is created; the fused paths are the default since session 16).
+TEST(EpMulti, DispatchCombineBitExactTwoKernel) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  ScopedEnv two_kernel("MEGAMOE_EP_OVERLAP", "0");
   dispatch_combine_bit_exact(rank);
 }
 
@@ -187,9 +187,9 @@ TEST(EpMulti, StagedMatchesReferenceAndReplays) {
   staged_matches_reference_and_replays(rank);
 }
 
-TEST(EpMulti, StagedMatchesReferenceAndReplaysOverlap) {
+TEST(EpMulti, StagedMatchesReferenceAndReplaysTwoKernel) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  ScopedEnv two_kernel("MEGAMOE_EP_OVERLAP", "0");
   staged_matches_reference_and_replays(rank);
 }
 
@@ -247,9 +247,9 @@ TEST(EpMulti, StalledPeerTimesOutWithItsName) {
   stalled_peer_times_out_with_its_name(rank);
 }
 
-TEST(EpMulti, StalledPeerTimesOutWithItsNameOverlap) {
+TEST(EpMulti, StalledPeerTimesOutWithItsNameTwoKernel) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  ScopedEnv two_kernel("MEGAMOE_EP_OVERLAP", "0");
   stalled_peer_times_out_with_its_name(rank);
 }
 
@@ -299,9 +299,9 @@ TEST(EpMulti, StalledPeerInCombineTimesOutWithItsName) {
   stalled_peer_in_combine(rank);
 }
 
-TEST(EpMulti, StalledPeerInCombineTimesOutWithItsNameOverlap) {
+TEST(EpMulti, StalledPeerInCombineTimesOutWithItsNameTwoKernel) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  ScopedEnv overlap("MEGAMOE_EP_OVERLAP", "1");
+  ScopedEnv two_kernel("MEGAMOE_EP_OVERLAP", "0");
   stalled_peer_in_combine(rank);
 }
 
