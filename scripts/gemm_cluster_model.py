@@ -8,6 +8,9 @@
 #     every landing counts toward the phase it was issued for, and no TMA write lands in a stage a math warp of that
 #     CTA is still reading. (With `empty` counting only the local math warps, the check fails: the peer's multicast
 #     overwrites a stage being read.)
+# (3) BF16 clusters (docs/grouped_gemm.md "BF16 clusters", sm90_bf16_wide_grouped_gemm_kernel<.., true>): the same
+#     schedule (128-row m-tiles; n-tiles of 256, n % 256 == 0) and the protocol without the scale warp (`full` takes
+#     1 arrival), A as one whole 128-row box or none (a CTA without a tile), B 32 KiB in two 16 KiB parts, 4 stages.
 #   python3 scripts/gemm_cluster_model.py
 import random
 def units(t, nt): return t//2*nt + t%2*((nt+1)//2)
@@ -62,17 +65,18 @@ class Bar:
         if s.pending == 0 and s.tx == 0: s.phase += 1; s.pending = s.count
     def done(s, parity_phase):  # try_wait(parity): phase number `parity_phase` completed?
         return s.phase > parity_phase
-def run(seed):
+def run(seed, bf16=False):
     R = random.Random(seed)
-    S = R.choice([4, 6]); K = R.randint(1, 7); U = R.randint(1, 6); W = 8
-    A_BYTES, B_BYTES = 8192, 24576
+    S = 4 if bf16 else R.choice([4, 6]); K = R.randint(1, 7); U = R.randint(1, 6); W = 8
+    A_BYTES, B_BYTES = (16384, 32768) if bf16 else (8192, 24576)
     units = []
     for u in range(U):
         shared = R.random() < 0.6
-        rows = [R.choice([0, 1, 2]) for _ in range(2)]  # A chunks per CTA
+        rows = [R.choice([0, 1] if bf16 else [0, 1, 2]) for _ in range(2)]  # A chunks (BF16: the whole box) per CTA
         if shared and rows[0] == 0: rows[0] = 1  # a pair's first tile always has rows
+        if bf16 and shared: rows = [1, 1]  # BF16 pairs: both m-tiles of a pair have rows (2p + 1 < t)
         units.append((shared, rows))
-    full = [[Bar(1 + 32) for _ in range(S)] for _ in range(2)]
+    full = [[Bar(1 if bf16 else 1 + 32) for _ in range(S)] for _ in range(2)]
     empty = [[Bar(2 * W) for _ in range(S)] for _ in range(2)]
     inflight = []  # (cta, stage, bytes, intended_phase)
     seq = [(u, kb) for u in range(U) for kb in range(K)]
@@ -89,7 +93,7 @@ def run(seed):
                 s = i % S; ph = i // S
                 if ph == 0 or empty[c][s].done(ph - 1): acts.append(("prod", c))
             i = scal[c]
-            if i < len(seq):
+            if not bf16 and i < len(seq):
                 s = i % S; ph = i // S
                 if ph == 0 or empty[c][s].done(ph - 1): acts.append(("scal", c))
             for w in range(W):
@@ -134,3 +138,7 @@ for seed in range(4000):
     r = run(seed)
     assert r == "ok", (seed, r)
 print("4000 random schedules ok")
+for seed in range(4000):
+    r = run(seed, bf16=True)
+    assert r == "ok", (seed, r)
+print("BF16 clusters: 4000 random schedules ok")

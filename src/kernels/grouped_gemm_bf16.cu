@@ -4,11 +4,14 @@
 // BF16 v2 (docs/grouped_gemm.md "BF16 v2"): GEMM 2 / plain on the wide 128 x 256 tile (or the 64 x 256
 // one at <= 64 rows) with bulk-store epilogues when resolve_v2; GEMM 1 on the wide tile when the weights
 // are packed kGateUpInterleaved8.
+#include "kernels/cluster_launch.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_bf16_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
 
+#include <array>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -38,22 +41,44 @@ void launch(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmPar
   MEGAMOE_LAUNCH_CHECK();
 }
 
-// BF16 v2 wide tile (sm90_bf16_wide_grouped_gemm_kernel, 128 x 256).
-template <Bf16Epilogue kEpilogue>
-void launch_wide(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmParams& params, cudaStream_t stream) {
-  using Layout = sm90::Bf16WideStandaloneLayout;
+// BF16 v2 wide tile (sm90_bf16_wide_grouped_gemm_kernel, 128 x 256). kCluster (MEGAMOE_BF16_CLUSTER=1,
+// docs/grouped_gemm.md "BF16 clusters"): clusters of 2 CTAs share each B tile by TMA multicast; B is loaded in
+// 128-row parts (the B map's box), the grid is 2 x the co-resident clusters (cluster_launch.h). Same outputs.
+template <Bf16Epilogue kEpilogue, bool kCluster = false>
+void launch_wide_impl(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmParams& params,
+                      cudaStream_t stream) {
+  using Layout = sm90::Bf16WideLayout<sm90::kBf16WideStages, sm90::kBf16WideStagingRows, kCluster ? 2 : 1>;
   static_assert(Layout::kBlockM == sm90::kBf16Wide.block_m() && Layout::kBlockN == sm90::kBf16Wide.block_n() &&
                     Layout::kStageCount == sm90::kBf16Wide.stages,
                 "the heuristics' kBf16Wide is the kernel's layout");
+  static_assert(Layout::shared_bytes(sm90::kMaxExperts) == sm90::Bf16WideStandaloneLayout::shared_bytes(sm90::kMaxExperts),
+                "clusters: the same shared memory");
   const uint64_t row_bytes = 2 * static_cast<uint64_t>(params.k);
   const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, row_bytes, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map = detail::make_grouped_gemm_tensor_map(
-      weights, row_bytes, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBlockN);
+      weights, row_bytes, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBBlockRows);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_bf16_wide_grouped_gemm_kernel<kEpilogue>;
+  auto* kernel = &sm90::sm90_bf16_wide_grouped_gemm_kernel<kEpilogue, kCluster>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  kernel<<<detail::grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
-  MEGAMOE_LAUNCH_CHECK();
+  if constexpr (kCluster) {
+    static std::array<std::atomic<int>, detail::kClusterGridDevices> grids{};  // per device, this instantiation
+    detail::launch_cluster_kernel(kernel, detail::cluster_grid(kernel, shared_bytes, grids), shared_bytes, stream,
+                                  a_map, b_map, params);
+  } else {
+    kernel<<<detail::grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+    MEGAMOE_LAUNCH_CHECK();
+  }
+}
+
+// MEGAMOE_BF16_CLUSTER=0|1, read per launch (docs/grouped_gemm.md "BF16 clusters"). Default off until measured
+// (kept here, not in sm90_gemm_heuristics.h, while it is a constant: that header is included by most of the tree).
+constexpr bool kBf16ClusterDefault = false;
+template <Bf16Epilogue kEpilogue>
+void launch_wide(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmParams& params, cudaStream_t stream) {
+  if (detail::env_switch("MEGAMOE_BF16_CLUSTER", kBf16ClusterDefault))
+    launch_wide_impl<kEpilogue, true>(a, weights, params, stream);
+  else
+    launch_wide_impl<kEpilogue, false>(a, weights, params, stream);
 }
 
 // Staging rows of the v2 bulk-store epilogue on a v1 tile (the FP8 standalone rule, no scale ring).

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 
+#include "kernels/sm90_cluster_pipeline.cuh"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
 #include "kernels/sm90_gemm_heuristics.h"
 #include "kernels/sm90_grouped_schedule.cuh"
@@ -268,8 +269,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 //   ExpertTileTable 3 x 4 x 1025         12,300
 //   alignment slack                       1,024
 //   total                               227,404   (5,044 B to spare)
-template <int kStages, int kStagingRows>
+// kClusterSizeValue 2: the cluster kernel (MEGAMOE_BF16_CLUSTER=1; docs/grouped_gemm.md "BF16 clusters"): the same
+// bytes; `empty` counts the math warps of both CTAs (Fp8GemmShared::init_barriers), B arrives in two 128-row parts.
+template <int kStages, int kStagingRows, int kClusterSizeValue = 1>
 struct Bf16WideLayout {
+  static_assert(kClusterSizeValue == 1 || kClusterSizeValue == 2, "BF16 clusters: 1 or 2 CTAs");
+  static constexpr int kClusterSize = kClusterSizeValue;
   static constexpr int kWarpgroupsMValue = 2;
   static constexpr int kSubTiles = 1;
   static constexpr int kStageCount = kStages;
@@ -279,6 +284,12 @@ struct Bf16WideLayout {
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kTilesBytes = kStages * (kABytes + kBBytes);
+  // Clusters: CTA r of a pair loads B rows [r kBBlockRows, (r + 1) kBBlockRows) of the tile (128 rows = 16 whole
+  // 8-row swizzle atoms, 16 KiB: part r lands 1024-byte aligned at r kBBlockBytes, the two parts form the image of
+  // one 256-row box) and multicasts them to both CTAs (cluster_load_b_tile).
+  static constexpr int kBBlockRows = kBlockN / kClusterSize;
+  static constexpr int kBBlockBytes = kBBlockRows * kBlockK;
+  static_assert(kBBlockRows % 8 == 0 && kBBlockBytes % 1024 == 0, "B parts: whole 128-byte swizzle atoms");
   static_assert(kStagingRows == 32 || kStagingRows == 64, "store_bf16_epilogue_bulk chunks");
   static constexpr int kStagingRowsValue = kStagingRows;
   static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
@@ -311,11 +322,12 @@ template <class Layout>
 __device__ __forceinline__ void bf16_wide_tile_mainloop(float (&accumulator)[2][64], const Fp8GemmShared<Layout>& smem,
                                                         int k_blocks, int wg_m, bool active,
                                                         PipelineCursor<Layout::kStageCount>& cursor) {
-  const int lane = threadIdx.x % 32;
+  // Clusters: each release arrives on the `empty` of both CTAs (lane r on CTA r's; wide_release_stage).
+  constexpr int kClusterSize = LayoutClusterSize<Layout>::value;
   if (!active) {
     for (int kb = 0; kb < k_blocks; ++kb) {
       barrier_wait(&smem.full[cursor.stage], cursor.phase);
-      if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+      wide_release_stage<kClusterSize>(&smem.empty[cursor.stage]);
       cursor.advance();
     }
     return;
@@ -341,13 +353,13 @@ __device__ __forceinline__ void bf16_wide_tile_mainloop(float (&accumulator)[2][
     wgmma_commit();
     if (kb > 0) {  // the previous stage's group has retired: its shared memory may be refilled
       wgmma_wait<1>();
-      if (lane == 0) barrier_arrive(&smem.empty[previous_stage]);
+      wide_release_stage<kClusterSize>(&smem.empty[previous_stage]);
     }
     previous_stage = cursor.stage;
     cursor.advance();
   }
   wgmma_wait<0>();
-  if (lane == 0 && k_blocks > 0) barrier_arrive(&smem.empty[previous_stage]);
+  if (k_blocks > 0) wide_release_stage<kClusterSize>(&smem.empty[previous_stage]);
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -391,11 +403,53 @@ __device__ __forceinline__ void swiglu_interleaved_bf16_activate(const float (&a
       }
 }
 
-template <Bf16Epilogue kEpilogue>
+// ---- BF16 clusters of 2 CTAs (MEGAMOE_BF16_CLUSTER=1; docs/grouped_gemm.md "BF16 clusters") ----------------
+// Producer thread of one CTA of a cluster for one schedule unit (locate_cluster_tile): per k-block, after its
+// `empty` wait (which completes only once the math warps of BOTH CTAs released the stage: `empty` counts 2 x 8
+// arrivals), it expects the A tile (if it has one) + the WHOLE B tile, then loads its A tile (one kBlockM-row box,
+// as produce_fp8_tile: this CTA only) and the B tile in two 128-row parts (cluster_load_b_tile: its own part
+// multicast to both CTAs for a pair, both parts locally for a lone unit). m_end <= m0 (CTA 1 of the last lone
+// unit at an odd n-tile count): no A; B still loaded (the expected bytes stay those of every unit).
+// NOTES: the phase-safety argument of wide_produce_tile_cluster (sm90_fp8_wide_grouped_gemm.cuh) holds unchanged:
+// the peer's part can reach this CTA's `full` before this thread's arrive-expect (the expect, which includes this
+// CTA's own part, always exceeds it), and never in an earlier phase (the peer's issue of k-block j waited on its
+// `empty`, which needs this CTA's releases of k-block j - kStages).
+template <class Layout>
+__device__ __forceinline__ void bf16_produce_tile_cluster(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                                          const CUtensorMap* b_map, int m0, int m_end, int b_row,
+                                                          int b_rows, bool shared_b, int cta_rank, int k_blocks,
+                                                          PipelineCursor<Layout::kStageCount>& cursor) {
+  const bool has_tile = m_end > m0;
+  const int own_part_row = cluster_b_part_row<Layout>(b_row, b_rows, cta_rank);
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
+    barrier_arrive_expect_bytes(&smem.full[cursor.stage], (has_tile ? Layout::kABytes : 0) + Layout::kBBytes);
+    if (has_tile)
+      tma_load_2d(smem.a_tiles + cursor.stage * Layout::kABytes, a_map, kb * kBlockK, m0, &smem.full[cursor.stage]);
+    cluster_load_b_tile<Layout>(smem.b_tiles + cursor.stage * Layout::kBBytes, b_map, kb * kBlockK, own_part_row,
+                                b_row, b_rows, shared_b, cta_rank, &smem.full[cursor.stage]);
+    cursor.advance();
+  }
+}
+
+// kCluster: clusters of 2 CTAs sharing each B tile by TMA multicast (launched with cluster dims (2, 1, 1), grid
+// 2 x cudaOccupancyMaxActiveClusters; cluster_launch.h). The v11 cluster design (docs/grouped_gemm.md "v11
+// clusters") on the BF16 v2 tile:
+// - Schedule: locate_cluster_tile (the tile table counts its units), n-tile fastest (locate_tile's order on
+//   pairs); both CTAs of a cluster take the same units with the same k_blocks, so their (unit, k-block) sequences
+//   and ring cursors are the same. A pair = m-tiles 2p, 2p + 1 of one expert and n-tile (B shared); a lone unit =
+//   the odd last m-tile with n-tiles 2j, 2j + 1 (each CTA its own B). A CTA without a tile loads B only, both math
+//   warpgroups release every stage unread (the !active path), stores nothing.
+// - `empty` counts the 8 math warps of BOTH CTAs (wide_release_stage), `full` 1 arrival + A + whole-B bytes.
+// - Start: barrier init, then a cluster barrier before any multicast or remote arrival; exit: every thread reaches
+//   a final cluster barrier (no early return), so no CTA exits while its peer may still arrive on its barriers.
+// - Outputs: each tile is computed by one CTA from the same A box, the same B image (two atom-aligned 128-row
+//   parts of the 256-row box) and the same wgmma sequence: bit-identical to the 1-CTA kernel.
+template <Bf16Epilogue kEpilogue, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_bf16_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                        const __grid_constant__ CUtensorMap b_map, const Bf16GroupedGemmParams params) {
-  using Layout = Bf16WideStandaloneLayout;
+  using Layout = Bf16WideLayout<kBf16WideStages, kBf16WideStagingRows, kCluster ? 2 : 1>;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN, kStages = Layout::kStageCount;
   constexpr int kStagingRows = Layout::kStagingRowsValue;
   static_assert(kEpilogue == Bf16Epilogue::kStoreBf16 || kEpilogue == Bf16Epilogue::kSwigluInterleavedBf16,
@@ -412,13 +466,26 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     prefetch_tensor_map(&a_map);
     prefetch_tensor_map(&b_map);
   }
-  if (threadIdx.x / 32 == 1)
-    build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
-  __syncthreads();
+  if (threadIdx.x / 32 == 1) {
+    if constexpr (kCluster)  // the table counts cluster units
+      build_expert_tile_table<kBlockM, true>(table, params.expert_offsets, params.num_experts, params.m_capacity,
+                                             params.n / kBlockN);
+    else
+      build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
+  }
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  else __syncthreads();
 
   const int k_blocks = params.k / kBf16StageK;
   const int n_tiles = params.n / kBlockN;
-  const int total_tiles = table.tile_prefix[params.num_experts] * n_tiles;
+  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
+  const int total_units = table.tile_prefix[params.num_experts] * (kCluster ? 1 : n_tiles);
+  // This CTA's rank in its pair, the first schedule unit and the stride (uniform broadcasts; 1-CTA: tiles).
+  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
+  const int first_unit =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
+  const int unit_step =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
 
   // 24 / 240 registers as the FP8 standalone kernel (its NOTES: 24 + 2 x 240 = 504 of the launch's
   // 168 x 384 per-thread-slot registers); the 128 accumulators need the 240.
@@ -427,48 +494,62 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
-    if (threadIdx.x != 0) return;
+    if constexpr (!kCluster) {
+      if (threadIdx.x != 0) return;
+    }
+    if (kCluster ? threadIdx.x == 0 : true) {  // kCluster: the other threads go on to the exit cluster barrier
+      PipelineCursor<kStages> cursor;
+      int expert = 0;
+      for (int unit = first_unit; unit < total_units; unit += unit_step) {
+        const ClusterTileCoordinates where =
+            locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, false);
+        const int b_row = expert * params.n + where.n_tile * kBlockN;
+        if constexpr (kCluster)
+          bf16_produce_tile_cluster(smem, &a_map, &b_map, where.m0, where.m_end, b_row, params.num_experts * params.n,
+                                    where.shared_b, cta_rank, k_blocks, cursor);
+        else
+          produce_fp8_tile(smem, &a_map, &b_map, where.m0, b_row, k_blocks, cursor);
+      }
+    }
+    if constexpr (!kCluster) return;
+  } else {
+    registers_increase<kMathRegs>();
+    const int wg_m = warpgroup - 1;  // which 64-row half of the tile
+    uint8_t* const staging = smem.bf16_staging + wg_m * kStagingRows * kBf16StagingPitch;
     PipelineCursor<kStages> cursor;
     int expert = 0;
-    for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-      const TileCoordinates where = locate_tile(table, tile, n_tiles, kBlockM, expert);
-      produce_fp8_tile(smem, &a_map, &b_map, where.m0, expert * params.n + where.n_tile * kBlockN, k_blocks, cursor);
-    }
-    return;
-  }
-
-  registers_increase<kMathRegs>();
-  const int wg_m = warpgroup - 1;  // which 64-row half of the tile
-  uint8_t* const staging = smem.bf16_staging + wg_m * kStagingRows * kBf16StagingPitch;
-  PipelineCursor<kStages> cursor;
-  int expert = 0;
-  float accumulator[2][64];
-  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
-    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
-    const int first_row = t.m0 + wg_m * Layout::kRowsPerWarpgroup;
-    const bool active = first_row < t.m_end;  // active_sub_tiles(...) > 0, warpgroup-uniform
-    bf16_wide_tile_mainloop<Layout>(accumulator, smem, k_blocks, wg_m, active, cursor);
-    if (!active) continue;  // no row of the expert: nothing to store
-    if constexpr (kEpilogue == Bf16Epilogue::kStoreBf16) {
-      __nv_bfloat16* const out = params.out;
-      const int out_cols = params.n;
+    float accumulator[2][64];
+    for (int unit = first_unit; unit < total_units; unit += unit_step) {
+      const ClusterTileCoordinates t = locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, false);
+      const int first_row = t.m0 + wg_m * Layout::kRowsPerWarpgroup;
+      // active_sub_tiles(...) > 0, warpgroup-uniform (kCluster: false also for a CTA without a tile, m_end <= m0)
+      const bool active = first_row < t.m_end;
+      bf16_wide_tile_mainloop<Layout>(accumulator, smem, k_blocks, wg_m, active, cursor);
+      if (!active) continue;  // no row of the expert: nothing to store
+      if constexpr (kEpilogue == Bf16Epilogue::kStoreBf16) {
+        __nv_bfloat16* const out = params.out;
+        const int out_cols = params.n;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
+          store_bf16_epilogue_bulk<1, kStagingRows>(
+              reinterpret_cast<const float(&)[1][64]>(accumulator[h]), staging, first_row, t.m_end,
+              t.n_tile * kBlockN + 128 * h,
+              [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+      } else {
+        float activations[1][64];
+        swiglu_interleaved_bf16_activate<false>(accumulator, activations, first_row, t.m_end, params.topk_weights,
+                                                params.activation, params.limit, params.alpha);
+        __nv_bfloat16* const out = params.out;
+        const int out_cols = params.n / 2;
         store_bf16_epilogue_bulk<1, kStagingRows>(
-            reinterpret_cast<const float(&)[1][64]>(accumulator[h]), staging, first_row, t.m_end,
-            t.n_tile * kBlockN + 128 * h, [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
-    } else {
-      float activations[1][64];
-      swiglu_interleaved_bf16_activate<false>(accumulator, activations, first_row, t.m_end, params.topk_weights,
-                                              params.activation, params.limit, params.alpha);
-      __nv_bfloat16* const out = params.out;
-      const int out_cols = params.n / 2;
-      store_bf16_epilogue_bulk<1, kStagingRows>(
-          activations, staging, first_row, t.m_end, t.n_tile * 128,
-          [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+            activations, staging, first_row, t.m_end, t.n_tile * 128,
+            [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+      }
     }
+    bulk_wait_all();  // store_bf16_epilogue_bulk NOTES
   }
-  bulk_wait_all();  // store_bf16_epilogue_bulk NOTES
+  // kCluster: no CTA leaves while its peer may still arrive on its barriers (NOTES above).
+  if constexpr (kCluster) cluster_sync();
 }
 
 }  // namespace megamoe::kernels::sm90

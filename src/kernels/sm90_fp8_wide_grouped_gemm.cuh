@@ -40,6 +40,7 @@
 
 #include <cstdint>
 
+#include "kernels/sm90_cluster_pipeline.cuh"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
 
 namespace megamoe::kernels::sm90 {
@@ -107,18 +108,7 @@ __device__ __forceinline__ void wgmma_e4m3_wide(float (&d)[kN / 2], uint64_t a_d
   else wgmma_m64n192k32_e4m3(d, a_descriptor, b_descriptor, accumulate);
 }
 
-// Releases a stage after the math warp's reads of it (wgmma waited): lane 0 arrives on this CTA's `empty`, or, in a
-// cluster, lane r on CTA r's (both CTAs wrote into the stage: the peer's B part by multicast; a stage is refilled
-// only once the math warps of every CTA of the cluster have released it, see the kernel's NOTES).
-template <int kClusterSize>
-__device__ __forceinline__ void wide_release_stage(uint64_t* empty) {
-  const int lane = threadIdx.x % 32;
-  if constexpr (kClusterSize == 1) {
-    if (lane == 0) barrier_arrive(empty);
-  } else {
-    if (lane < kClusterSize) barrier_arrive_cluster(empty, static_cast<uint32_t>(lane));
-  }
-}
+// wide_release_stage: sm90_cluster_pipeline.cuh (shared with the BF16 cluster kernel).
 
 // One k-block of one math warpgroup, after its `full` wait (both K loops below): the 4 wgmma of the stage into
 // `partial`, wait, release the stage, advance the cursor, promote with this thread's two rows' A scales and the
@@ -378,6 +368,9 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
   uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
   const int chunks = m_end > m0 ? min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows) : 0;
   // Row of B part q (moved back inside the tensor only when it would start past it; see above).
+  // NOTES: the same loads as cluster_load_b_tile (sm90_cluster_pipeline.cuh, the BF16 cluster kernel's); kept inline
+  // here because calling the helper reschedules this producer (SASS +-4 instructions), and the FP8 kernels' code
+  // stays as measured.
   const auto part_row = [&](int q) {
     const int row = b_row + q * Layout::kBBlockRows;
     return row < b_rows ? row : b_rows - Layout::kBBlockRows;

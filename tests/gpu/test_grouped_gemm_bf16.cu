@@ -438,6 +438,113 @@ TEST(GroupedGemmBf16, V2Gemm1DeepHidden) {
   expect_v2_gemm1_matches_v1({33, 0, 80, 200}, 7168, 256, 4337, Activation{}, true, false, 0);
 }
 
+// ---- BF16 clusters (MEGAMOE_BF16_CLUSTER; docs/grouped_gemm.md "BF16 clusters") --------------------------
+// Sets an environment variable for its scope (restores the previous value, or unsets it): the suite also runs with
+// MEGAMOE_BF16_CLUSTER=1 in the environment (scripts/gpu_bf16_cluster.sh), which these tests must leave as found.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_old_ = true;
+      old_ = old;
+    }
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_old_) ::setenv(name_.c_str(), old_.c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_old_ = false;
+};
+
+void expect_same_bits(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, int cols,
+                      const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int64_t differing = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (want[i] != got[i] && differing++ < 5)
+      ADD_FAILURE() << what << ": cluster out[" << i / cols << ", " << i % cols << "] bits " << got[i]
+                    << " != no-cluster " << want[i];
+  EXPECT_EQ(differing, 0) << what;
+}
+
+// The v2 wide kernel (plain, rows hint 0 -> 128 x 256) with MEGAMOE_BF16_CLUSTER=1 against =0, bit for bit (each
+// run also against the fp64 reference inside run_plain).
+void expect_plain_cluster_matches(const std::vector<int>& counts, int n, int k, uint64_t seed, bool exact = false) {
+  std::vector<uint16_t> clustered, single;
+  {
+    ScopedEnv cluster("MEGAMOE_BF16_CLUSTER", "1");
+    clustered = run_plain(counts, n, k, seed, 0, exact, Entry::kPlain, 1);
+  }
+  {
+    ScopedEnv cluster("MEGAMOE_BF16_CLUSTER", "0");
+    single = run_plain(counts, n, k, seed, 0, exact, Entry::kPlain, 1);
+  }
+  expect_same_bits(clustered, single, n, "plain n " + std::to_string(n) + " k " + std::to_string(k) + " seed " +
+                                             std::to_string(seed));
+}
+
+// The v2 GEMM 1 (kGateUpInterleaved8 weights) with MEGAMOE_BF16_CLUSTER=1 against =0, bit for bit.
+void expect_gemm1_cluster_matches(const std::vector<int>& counts, int hidden, int intermediate, uint64_t seed,
+                                  const Activation& act, bool use_topk) {
+  std::vector<uint16_t> clustered, single;
+  {
+    ScopedEnv cluster("MEGAMOE_BF16_CLUSTER", "1");
+    clustered = run_gemm1(counts, hidden, intermediate, seed, act, use_topk, false, 0,
+                          kernels::GemmRole::kGateUpInterleaved8);
+  }
+  {
+    ScopedEnv cluster("MEGAMOE_BF16_CLUSTER", "0");
+    single = run_gemm1(counts, hidden, intermediate, seed, act, use_topk, false, 0,
+                       kernels::GemmRole::kGateUpInterleaved8);
+  }
+  expect_same_bits(clustered, single, intermediate,
+                   "gemm1 hidden " + std::to_string(hidden) + " intermediate " + std::to_string(intermediate) +
+                       " seed " + std::to_string(seed));
+}
+
+// Schedule corners of the cluster-of-2 units (locate_cluster_tile): one expert of 1 m-tile (a lone unit; at 1
+// n-tile CTA 1 has no tile), one of 3 (a pair + lone units), experts of 0 / 1 / 129 / 256 / 257 / 640 / 383 rows
+// (0, 1, 2, 2, 3, 5, 0, 3 m-tiles), n-tile counts 1, 2, 3, 7; then many units per cluster.
+TEST(GroupedGemmBf16, V2ClusterMatchesNoCluster) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  expect_plain_cluster_matches({77}, 256, 512, 4351);                      // 1 m-tile, 1 n-tile
+  expect_plain_cluster_matches({77}, 768, 256, 4352);                      // 1 m-tile, 3 n-tiles
+  expect_plain_cluster_matches({300}, 512, 1024, 4353);                    // 3 m-tiles, 2 n-tiles
+  expect_plain_cluster_matches({0, 1, 129, 256, 257, 640, 0, 383}, 768, 512, 4354);
+  expect_plain_cluster_matches({0, 1, 129, 256, 257, 640, 0, 383}, 256, 256, 4355);
+  expect_plain_cluster_matches({3, 0, 128, 77, 64, 65}, 512, 1024, 4356, true);  // exact inputs
+  // Many units per cluster: 32 experts of 0..400 rows (~50 m-tiles, pairs and lone units) at 7 n-tiles.
+  std::vector<int> counts;
+  std::mt19937_64 rng(4357);
+  std::uniform_int_distribution<int> rows(0, 400);
+  for (int i = 0; i < 32; ++i) counts.push_back(rows(rng));
+  expect_plain_cluster_matches(counts, 1792, 128, 4357);
+  // The GEMM-2 entry point takes the same kernel.
+  {
+    ScopedEnv cluster("MEGAMOE_BF16_CLUSTER", "1");
+    const auto clustered = run_plain({65, 0, 1, 300}, 768, 256, 4358, 200, false, Entry::kGemm2, 1);
+    ScopedEnv off("MEGAMOE_BF16_CLUSTER", "0");
+    const auto single = run_plain({65, 0, 1, 300}, 768, 256, 4358, 200, false, Entry::kGemm2, 1);
+    expect_same_bits(clustered, single, 768, "gemm2 entry");
+  }
+}
+
+TEST(GroupedGemmBf16, V2Gemm1ClusterMatchesNoCluster) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  expect_gemm1_cluster_matches({77}, 512, 128, 4361, Activation{}, true);   // 1 m-tile, 1 n-tile (n 256)
+  expect_gemm1_cluster_matches({300}, 512, 384, 4362, Activation{}, true);  // 3 m-tiles, 3 n-tiles
+  expect_gemm1_cluster_matches({0, 1, 129, 256, 257, 640, 0, 383}, 512, 256, 4363, Activation{}, false);
+  expect_gemm1_cluster_matches({5, 0, 129, 1, 65, 383}, 384, 384, 4364, clamped, true);
+  expect_gemm1_cluster_matches({33, 0, 80, 200}, 7168, 256, 4365, Activation{}, true);  // deep K
+}
+
 // A small v2 case of each kernel for compute-sanitizer (scripts/gpu_bf16_v2.sh).
 TEST(GroupedGemmBf16, V2SanitizerSmall) {
   MEGAMOE_REQUIRE_GPUS(1);
