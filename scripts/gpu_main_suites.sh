@@ -4,7 +4,8 @@
 # Prebuilt: scripts/prebuild.sh main; carry .xfer/pre-main (as a tgz: the tree is big).
 #   source scripts/use_prebuilt.sh main && OUT=$OUT bash scripts/gpu_main_suites.sh
 # Steps: the whole one-GPU suite (sharded over both GPUs); bench layer FP8 on 2 ranks, staged + mega: dsv3 at 128 / 2048
-# / 8192 tokens (two rounds), ms4 and qwen3-30b (one round); the whole 2-rank suite. Last a table.
+# / 8192 tokens (two rounds), bench ep 4096 / 8192, ms4 and qwen3-30b (one round); the whole 2-rank suite
+# (MULTI_LIMIT s, default 270: it took 239 s in session 16 call 1). Last a table.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 B=${PREBUILT:?source scripts/use_prebuilt.sh main first}; T=$B/tests
@@ -15,11 +16,14 @@ for round in 1 2; do
   step "layer_dsv3_$round" 60 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
     --preset dsv3 --format fp8_block --tokens 128,2048,8192 --iters 8 --json "$logs/layer_dsv3_$round.json"
 done
+for tokens in 4096 8192; do  # the EP dispatch / combine at the defaults
+  step "ep_${tokens}" 20 "$B/megamoe" bench ep --ranks 2 --tokens "$tokens" --hidden 7168 --top-k 8 --experts 256 --iters 20
+done
 for model in ms4 qwen3-30b; do
   step "layer_${model}_1" 45 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
     --preset "$model" --format fp8_block --tokens 128,2048,8192 --iters 8 --json "$logs/layer_${model}_1.json"
 done
-step test_multigpu 240 env MEGAMOE_TEST_RANKS=2 "$T/megamoe_tests_multigpu"
+step test_multigpu "${MULTI_LIMIT:-270}" env MEGAMOE_TEST_RANKS=2 "$T/megamoe_tests_multigpu"
 print_test_counts
 python3 - "$logs" <<'PY'
 import json, os, sys
@@ -36,4 +40,5 @@ print("layer fp8, 2 ranks, rank-0 median us per round")
 for k in sorted(res): print("%-10s %6s %-18s %s" % (k[0], k[1], k[2], "  ".join(res[k])))
 PY
 print_summary
+print_ep_table
 pack

@@ -10,6 +10,7 @@
 #include "kernels/sm90_bf16_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -70,12 +71,16 @@ void launch_wide_impl(const uint16_t* a, const uint16_t* weights, const Bf16Grou
   }
 }
 
-// MEGAMOE_BF16_CLUSTER=0|1, read per launch (docs/grouped_gemm.md "BF16 clusters"). Default off until measured
-// (kept here, not in sm90_gemm_heuristics.h, while it is a constant: that header is included by most of the tree).
-constexpr bool kBf16ClusterDefault = false;
+// MEGAMOE_BF16_CLUSTER=0|1, read per launch (docs/grouped_gemm.md "BF16 clusters"); unset: the heuristic below
+// (kept here, not in sm90_gemm_heuristics.h: that header is included by most of the tree).
+// Measured (session 16 call 4, one H200, bench gemm bf16 v2, 128 experts, best of 2 rounds, cluster 1 vs 0): dsv3
+// (hidden 7168) GEMM 1 1.03-1.29x, GEMM 2 1.01-1.29x (exact 1024 rows: GEMM 1 612 -> 700 TFLOP/s); ms4 1.00-1.22x;
+// qwen3-30b (hidden 2048) 0.95-1.06x, the losses at multinomial 1024 rows. Hence: clusters where the hidden size
+// (GEMM 1's K, GEMM 2's N) is >= 4096; the larger the B tile's reuse the more the shared load saves.
+inline bool prefer_bf16_cluster(int n, int k) { return std::max(n, k) >= 4096; }
 template <Bf16Epilogue kEpilogue>
 void launch_wide(const uint16_t* a, const uint16_t* weights, const Bf16GroupedGemmParams& params, cudaStream_t stream) {
-  if (detail::env_switch("MEGAMOE_BF16_CLUSTER", kBf16ClusterDefault))
+  if (detail::env_switch("MEGAMOE_BF16_CLUSTER", prefer_bf16_cluster(params.n, params.k)))
     launch_wide_impl<kEpilogue, true>(a, weights, params, stream);
   else
     launch_wide_impl<kEpilogue, false>(a, weights, params, stream);
