@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call (ONE H200, <= 300 s, prebuilt binaries): Nsight Compute on FP8 v11 GEMM 2 (issue 3's 1150 TFLOP/s at
+# K 2048; docs/perf.md "Next steps (end of session 16)" item 2): where the 1-CTA kernel's time goes, and why 2-CTA
+# clusters lose there (MEGAMOE_GEMM_CLUSTER=1; session 15) while they win on GEMM 1 (the GEMM 1 points are the
+# comparison). Ring depth is ruled out (session 16 call 6, docs/grouped_gemm.md "v11 deep ring").
+#   source scripts/use_prebuilt.sh NAME && PREBUILT=$PREBUILT OUT=$OUT bash scripts/gpu_ncu_gemm2.sh
+# Per point: the details page (speed of light, warp states, scheduler, memory), the raw metrics and the SASS lines with
+# their stall samples (gzipped csv); a short table of duration / throughputs / top stall reasons last. One tgz in $OUT.
+set -uo pipefail
+out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
+B=${PREBUILT:?source scripts/use_prebuilt.sh NAME first}; cli=$B/megamoe
+ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+echo "ncu: $ncu_bin"
+export CUDA_VISIBLE_DEVICES=0
+start=$(date +%s); budget_s=${BUDGET_S:-300}
+profile() {  # profile NAME KERNEL-REGEX bench-args...  (skipped once the budget is spent)
+  local name=$1 kernel=$2; shift 2
+  if [ $(( $(date +%s) - start )) -gt $(( budget_s - 40 )) ]; then echo "$name skipped (budget)"; return; fi
+  # NOTES: --clock-control none: METHOD.md leaves the clocks alone; one launch after one warm-up (the points are
+  # milliseconds long and SourceCounters replays the kernel many times).
+  timeout 90 "$ncu_bin" --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --section LaunchStats --section Occupancy --section SourceCounters --import-source no \
+    -o "$logs/$name" "$cli" bench gemm --format fp8 --no-cublas --repeats 2 --experts 32 "$@" \
+    >"$logs/$name.run.log" 2>&1
+  echo "$name rc=$?"
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page details --print-units base >"$logs/$name.details.txt" 2>&1
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page raw --print-units base >"$logs/$name.raw.txt" 2>&1
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page source --print-source sass --csv >"$logs/$name.sass.csv" 2>&1
+  gzip -f "$logs/$name.sass.csv"
+}
+g2=sm90_fp8_wide_grouped_gemm_kernel; g1=sm90_fp8_wide_gemm1_kernel
+MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_r1024_c0 "$g2" --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=1 profile g2_dsv3_r1024_c1 "$g2" --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_spread512_c0 "$g2" --models dsv3 --rows 512 --rows-spread multinomial
+MEGAMOE_GEMM_CLUSTER=1 profile g1_dsv3_r1024_c1 "$g1" --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=0 profile g1_dsv3_r1024_c0 "$g1" --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=0 profile g2_qwen3_r1024_c0 "$g2" --models qwen3-30b --rows 1024
+rm -f "$logs"/*.ncu-rep
+tar -czf "$out/ncu_gemm2.tgz" -C "$logs" .
+for f in "$logs"/*.details.txt; do
+  echo "== $(basename "$f" .details.txt)"
+  grep -E "Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|SM Frequency" "$f" | head -12
+  grep -E "smsp__average_warps?_issue_stalled_[a-z_]+_per_issue_active.ratio" "${f%.details.txt}.raw.txt" | \
+    awk '{print $NF, $1}' | sort -rn | head -6
+  grep -E "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active|sm__inst_executed_pipe_tensor_op_gmma" \
+    "${f%.details.txt}.raw.txt" | head -3
+done
