@@ -4,7 +4,8 @@
 #   source scripts/use_prebuilt.sh NAME && OUT=$OUT bash scripts/gpu_bf16_default.sh
 # (1) every BF16 test at the defaults: GroupedGemmBf16.* and the bf16 backend / model cases on one GPU (sharded over
 # both), MegaMulti.Bf16* on 2 ranks; (2) bench layer bf16, 2 ranks, staged + mega, dsv3 / ms4 / qwen3-30b at
-# 2048 / 8192 tokens, MEGAMOE_BF16_CLUSTER=0 beside the default. Table last.
+# 2048 / 8192 tokens, MEGAMOE_BF16_CLUSTER=0 beside the default. Table last (session 16 call 5 printed the ratio too:
+# docs/runs/session16_call5/, docs/grouped_gemm.md "BF16 clusters").
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 B=${PREBUILT:?source scripts/use_prebuilt.sh NAME first}; T=$B/tests
@@ -23,20 +24,5 @@ for model in dsv3 ms4 qwen3-30b; do
   done
 done
 print_summary
-python3 - "$logs" <<'PY'
-import json, os, sys
-d = sys.argv[1]
-res = {}
-for f in sorted(os.listdir(d)):
-    if not (f.startswith("layer_") and f.endswith(".json")): continue
-    model, c = f[6:-5].rsplit("_", 1)
-    for r in json.load(open(os.path.join(d, f)))["cases"]:
-        ph = r.get("phases_us") or {}
-        res.setdefault((model, r.get("tokens"), r.get("backend")), {})[c] = (r["median_us"], ph.get("gemm1", 0), ph.get("gemm2", 0))
-print("layer bf16, 2 ranks, rank-0 median us (g1 / g2): cluster 0 | default | ratio")
-for k in sorted(res):
-    a, b = res[k].get("c0"), res[k].get("cdefault")
-    fmt = lambda v: "%7.0f (%5.0f / %5.0f)" % v if v else "%21s" % "-"
-    print("%-10s %6s %-18s %s | %s | %s" % (k[0], k[1], k[2], fmt(a), fmt(b), "%.3f" % (a[0] / b[0]) if a and b else "-"))
-PY
+python3 scripts/layer_phases_table.py "$logs"  # layer_<model>_c0 (clusters off) beside layer_<model>_cdefault
 pack

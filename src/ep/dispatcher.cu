@@ -24,23 +24,9 @@ int combine_send_stages() {
   return stages;
 }
 
-// Fused combine's lag (virtual steps the own tokens trail the peers' rows): env MEGAMOE_EP_COMBINE_LAG,
-// an integer in [0, 2^20], default 128 (a tuning knob: every lag gives bit-identical results).
-int lag_from_env(const char* name, int unset_value) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return unset_value;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  MEGAMOE_CHECK(*end == '\0' && n >= 0 && n <= (1 << 20), name, " = '", v, "' must be an integer in [0, 1048576]");
-  return static_cast<int>(n);
-}
-// Read when a dispatcher is created (like MEGAMOE_EP_OVERLAP), so a test can pick them per dispatcher.
-int combine_lag() { return lag_from_env("MEGAMOE_EP_COMBINE_LAG", 128); }
-// Fused dispatch's piece: scale groups (128 channels) a sender stores between two progress publications
-// of a row: env MEGAMOE_EP_DISPATCH_PIECE, an integer in [1, 65535], default 16 (2048 channels: 4
-// publications per 7168-wide row; a tuning knob: every value gives bit-identical results). Default: the
-// whole row (kEpDispatchMaxGroups is clamped to the row): session 16 measured 4 / 16 / 28 / 56 groups at
-// 7168 channels, and 56 (one publication per row) was fastest, 1.10x over 16 at 4096 tokens, 1.16x at 8192.
+// An integer tuning knob from the environment, in [lo, hi]; unset or empty: unset_value. Every knob below is
+// read when a dispatcher is created (like MEGAMOE_EP_OVERLAP), so a test can pick them per dispatcher, and
+// every value gives bit-identical results.
 int int_from_env(const char* name, int unset_value, int lo, int hi) {
   const char* v = std::getenv(name);
   if (!v || !*v) return unset_value;
@@ -49,7 +35,16 @@ int int_from_env(const char* name, int unset_value, int lo, int hi) {
   MEGAMOE_CHECK(*end == '\0' && n >= lo && n <= hi, name, " = '", v, "' must be an integer in [", lo, ", ", hi, "]");
   return static_cast<int>(n);
 }
-int dispatch_piece_groups() { return int_from_env("MEGAMOE_EP_DISPATCH_PIECE", kernels::kEpDispatchMaxGroups, 1, kernels::kEpDispatchMaxGroups); }
+// Fused combine's lag (virtual steps the own tokens trail the peers' rows): env MEGAMOE_EP_COMBINE_LAG in
+// [0, 2^20], default 128 (session 16: 0 / 128 / 512 measured equal).
+int combine_lag() { return int_from_env("MEGAMOE_EP_COMBINE_LAG", 128, 0, 1 << 20); }
+// Fused dispatch's piece: scale groups (128 channels) a sender stores between two progress publications of a
+// row: env MEGAMOE_EP_DISPATCH_PIECE in [1, kEpDispatchMaxGroups], default kEpDispatchMaxGroups, which the
+// kernel clamps to the row (one publication per row): session 16 measured 4 / 16 / 28 / 56 groups at 7168
+// channels, and 56 was fastest, 1.10x over 16 at 4096 tokens, 1.16x at 8192.
+int dispatch_piece_groups() {
+  return int_from_env("MEGAMOE_EP_DISPATCH_PIECE", kernels::kEpDispatchMaxGroups, 1, kernels::kEpDispatchMaxGroups);
+}
 // Fused dispatch's role split: sender warps per block of kEpRoleWarps (the others expand received rows):
 // env MEGAMOE_EP_DISPATCH_SEND_WARPS in [1, kEpRoleWarps - 1], default kEpRoleSendWarps (24; a tuning knob:
 // session 16 measured 12 / 16 / 20 / 24 / 26 / 28 of 32, and 24 was fastest).
