@@ -343,15 +343,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
             locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int b_row = expert * params.n + where.n_tile * kBlockN;
         // n % 256 == 0: a B part never starts past the last expert's rows (never moved).
-        if constexpr (kCluster)
-          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
-                                    params.num_experts * params.n, where.shared_b, cta_rank, k_blocks, cursor,
-                                    scale_slot);
-        else if constexpr (kTmaScales)
-          wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
-                                       cursor, scale_slot);
-        else
-          produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, b_row, k_blocks, cursor);
+        wide_produce_tile<kTmaScales, kCluster>(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                                params.num_experts * params.n, where.shared_b, cta_rank, k_blocks,
+                                                cursor, scale_slot);
       }
     }
   } else {

@@ -402,6 +402,31 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
   }
 }
 
+// One tile of the TMA producer thread (threadIdx.x == 0 of warpgroup 0) of both v11 kernels
+// (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel): A rows [m0, m_end), B rows from b_row (of
+// b_rows in all) and, with kTmaScales, A scales into the stage ring, by the cluster, TMA-scale or plain producer.
+// One copy so that the two kernels keep the same choice and arguments.
+// NOTES:
+// - __forceinline__ and the same calls as the code it replaces: the SASS of every v11 kernel is unchanged. The
+//   unit loop, locate_unit and the loop state (cursor, expert, scale_slot) stay in the kernels: moved in here
+//   (tried), their values come out of register promotion in another order and ptxas renames and reschedules
+//   part of the producer.
+// - b_rows (= num_experts * n) is used by the cluster producer only (a B part never starts past it).
+template <bool kTmaScales, bool kCluster, class Layout>
+__device__ __forceinline__ void wide_produce_tile(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                                  const CUtensorMap* b_map, const CUtensorMap* scale_map, int m0,
+                                                  int m_end, int b_row, int b_rows, bool shared_b, int cta_rank,
+                                                  int k_blocks, PipelineCursor<Layout::kStageCount>& cursor,
+                                                  int& scale_slot) {
+  if constexpr (kCluster)
+    wide_produce_tile_cluster(smem, a_map, b_map, scale_map, m0, m_end, b_row, b_rows, shared_b, cta_rank, k_blocks,
+                              cursor, scale_slot);
+  else if constexpr (kTmaScales)
+    wide_produce_tile_tma_scales(smem, a_map, b_map, scale_map, m0, m_end, b_row, k_blocks, cursor, scale_slot);
+  else
+    produce_fp8_tile_trimmed(smem, a_map, b_map, m0, m_end, b_row, k_blocks, cursor);
+}
+
 // kTmaScales: A scales by TMA through scale_map (unused otherwise; NOTES above wide_produce_tile_tma_scales).
 // kCluster: clusters of 2 CTAs sharing each B tile by multicast (launched with cluster dims (2, 1, 1)):
 // NOTES (kCluster; docs/grouped_gemm.md "v11 clusters"):
@@ -496,15 +521,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         const ClusterTileCoordinates where =
             locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int b_row = expert * params.n + where.n_tile * kBlockN;
-        if constexpr (kCluster)
-          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
-                                    params.num_experts * params.n, where.shared_b, cta_rank, k_blocks, cursor,
-                                    scale_slot);
-        else if constexpr (kTmaScales)
-          wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
-                                       cursor, scale_slot);
-        else
-          produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, b_row, k_blocks, cursor);
+        wide_produce_tile<kTmaScales, kCluster>(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                                params.num_experts * params.n, where.shared_b, cta_rank, k_blocks,
+                                                cursor, scale_slot);
       }
     }
   } else {
