@@ -402,6 +402,51 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
   }
 }
 
+// This CTA's walk over the schedule units of both v11 kernels (uniform broadcasts): its rank in its pair (0 without
+// clusters), its first unit and the stride (cluster index / count with kCluster, else block index / grid size).
+struct WideUnitWalk {
+  int cta_rank, first_unit, unit_step;
+};
+template <bool kCluster>
+__device__ __forceinline__ WideUnitWalk wide_unit_walk() {
+  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
+  const int first_unit =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
+  const int unit_step =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
+  return {cta_rank, first_unit, unit_step};
+}
+
+// Start of both v11 kernels (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel), in two parts around
+// the caller's tile counts. wide_start: thread 0 initialises the stage barriers and prefetches the tensor maps
+// (scale_map only with kTmaScales).
+template <bool kTmaScales, class Layout>
+__device__ __forceinline__ void wide_start(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                           const CUtensorMap* b_map, const CUtensorMap* scale_map) {
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    prefetch_tensor_map(a_map);
+    prefetch_tensor_map(b_map);
+    if constexpr (kTmaScales) prefetch_tensor_map(scale_map);
+  }
+}
+
+// wide_schedule: warp 1 builds the tile table, then a CTA (or, with kCluster, cluster) barrier; returns the
+// schedule's units (uniform): tiles (n_tiles per m-tile) or, with kCluster, cluster units (the table counts them).
+// NOTES: kCluster: the cluster barrier also orders the peer's barrier initialisation (wide_start) before any
+// multicast or remote arrival can reach it. __forceinline__ and the same statements as the code it replaces: the
+// kernels' SASS is unchanged.
+template <int kBlockM, bool kCluster>
+__device__ __forceinline__ int wide_schedule(const ExpertTileTable& table, const GroupedGemmParams& params, int warp,
+                                             int n_tiles) {
+  if (warp == 1)
+    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
+                                               n_tiles);
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  else __syncthreads();
+  return __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
+}
+
 // One tile of the TMA producer thread (threadIdx.x == 0 of warpgroup 0) of both v11 kernels
 // (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel): A rows [m0, m_end), B rows from b_row (of
 // b_rows in all) and, with kTmaScales, A scales into the stage ring, by the cluster, TMA-scale or plain producer.
@@ -463,30 +508,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
-  // This CTA's rank in its pair, the first schedule unit and the stride (uniform broadcasts).
-  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
-  const int first_unit =
-      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
-  const int unit_step =
-      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    prefetch_tensor_map(&a_map);
-    prefetch_tensor_map(&b_map);
-    if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
-  }
+  const auto [cta_rank, first_unit, unit_step] = wide_unit_walk<kCluster>();
+  wide_start<kTmaScales>(smem, &a_map, &b_map, &scale_map);
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = (params.n + kBlockN - 1) / kBlockN;
   const int n_blocks = params.n / 128;
-  if (warp == 1)
-    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
-                                               n_tiles);
-  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
-  else __syncthreads();
-
-  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
-  const int total_units =
-      __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
+  const int total_units = wide_schedule<kBlockM, kCluster>(table, params, warp, n_tiles);
 
   // Register split as sm90_fp8_grouped_gemm_kernel (its NOTES: the pool is 168 x 384; 24 + 2 x 240 = 504).
   // kCluster: 40 + 2 x 232 = 504: the cluster producer spilled at 24 (ptxas: 28-40 bytes, in the producer and
