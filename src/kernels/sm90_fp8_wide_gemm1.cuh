@@ -310,11 +310,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
             locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const float* gate_scales =
             params.b_scales + (static_cast<int64_t>(expert) * n_blocks + 2 * where.n_tile) * k_blocks;
-        if constexpr (kTmaScales)
-          wide_produce_b_scales(smem, gate_scales, gate_scales + k_blocks, k_blocks, cursor);
-        else
-          produce_fp8_scales(smem, params.a_scales, gate_scales, gate_scales + k_blocks, where.m0, where.m_end,
-                             k_blocks, cursor);
+        wide_produce_scales<kTmaScales>(smem, params.a_scales, gate_scales, gate_scales + k_blocks, where.m0,
+                                        where.m_end, k_blocks, cursor);
       }
       cp_async_wait_all();
     } else if (threadIdx.x == 0) {

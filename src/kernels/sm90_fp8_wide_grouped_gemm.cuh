@@ -447,6 +447,20 @@ __device__ __forceinline__ int wide_schedule(const ExpertTileTable& table, const
   return __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
 }
 
+// One tile of the scale warp (warp 1) of both v11 kernels: the tile's two B block scale rows (first, second:
+// k_blocks each) and, without kTmaScales, the A scales of rows [m0, m_end) (cp.async; with kTmaScales the TMA
+// producer loads those). The kernels pick the two B blocks (GEMM 2: n0 / 128 and the next; GEMM 1: gate, up).
+// NOTES: __forceinline__ and the same calls as the code it replaces: the kernels' SASS is unchanged.
+template <bool kTmaScales, class Layout>
+__device__ __forceinline__ void wide_produce_scales(const Fp8GemmShared<Layout>& smem, const float* a_scales,
+                                                    const float* first, const float* second, int m0, int m_end,
+                                                    int k_blocks, PipelineCursor<Layout::kStageCount>& cursor) {
+  if constexpr (kTmaScales)
+    wide_produce_b_scales(smem, first, second, k_blocks, cursor);
+  else
+    produce_fp8_scales(smem, a_scales, first, second, m0, m_end, k_blocks, cursor);
+}
+
 // One tile of the TMA producer thread (threadIdx.x == 0 of warpgroup 0) of both v11 kernels
 // (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel): A rows [m0, m_end), B rows from b_row (of
 // b_rows in all) and, with kTmaScales, A scales into the stage ring, by the cluster, TMA-scale or plain producer.
@@ -531,13 +545,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         const int block0 = where.n_tile * kBlockN / 128;
         const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
         const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
-        if constexpr (kTmaScales)
-          wide_produce_b_scales(smem, expert_scales + static_cast<int64_t>(block0) * k_blocks,
-                                expert_scales + static_cast<int64_t>(block1) * k_blocks, k_blocks, cursor);
-        else
-          produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
-                             expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end,
-                             k_blocks, cursor);
+        wide_produce_scales<kTmaScales>(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
+                                        expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0,
+                                        where.m_end, k_blocks, cursor);
       }
       cp_async_wait_all();
     } else if (threadIdx.x == 0) {
