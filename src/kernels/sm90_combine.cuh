@@ -63,6 +63,17 @@ __device__ __forceinline__ void combine_add_item(const uint4* ring, int stage, I
   for (int i8 = 0; i8 < 8; ++i8) acc[i8] = __fmaf_rn(wq, __bfloat162float(y[i8]), acc[i8]);
 }
 
+// End of one step of a producer row (send kernel, fused producer): stores the lane's chunk of the partial,
+// bf16_rn(acc), at dst[step * 32 + lane] (chunks past the row's `chunks` are not stored) and restarts acc at +0
+// for the next step. NOTES: __forceinline__ and the same statements as the two copies it replaces: the SASS of
+// both kernels is unchanged.
+__device__ __forceinline__ void combine_store_step(uint4* dst, int step, int lane, int chunks, float (&acc)[8]) {
+  const int c = step * 32 + lane;
+  if (c < chunks) dst[c] = pack_bf16x8(acc);
+#pragma unroll
+  for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
+}
+
 // Grid kEpCombineBlocks x (32 * kEpWarpsPerBlock): one warp per received row (sender s, row i).
 // The warp sums the row's local slots (recv_slot_row >= 0) in slot order, 8 channels per lane per
 // step, and stores the BF16 partial into s's combine_partials[token * R + me]. Then every block bumps
@@ -163,10 +174,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_combine_send_kernel(
     for (int it = 0; it < total; ++it) {
       combine_add_item<kStages>(ring, stage, issue, slot_weight, q, acc);  // item `it`
       if (++q == n) {
-        const int c = step * 32 + lane;
-        if (c < chunks) dst[c] = pack_bf16x8(acc);
-#pragma unroll
-        for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
+        combine_store_step(dst, step, lane, chunks, acc);
         q = 0;
         ++step;
       }
@@ -393,10 +401,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock, 2) ep_combine_fused_ker
       for (int it = 0; it < total; ++it) {
         combine_add_item<kStages>(ring, stage, issue, slot_weight, q, acc);  // item `it`
         if (++q == n) {
-          const int c = step * 32 + lane;
-          if (c < chunks) dst[c] = pack_bf16x8(acc);
-#pragma unroll
-          for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
+          combine_store_step(dst, step, lane, chunks, acc);
           q = 0;
           ++step;
           if (step % kEpProgressSteps == 0 || step == steps) publish(step);
