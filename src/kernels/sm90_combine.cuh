@@ -74,6 +74,34 @@ __device__ __forceinline__ void combine_store_step(uint4* dst, int step, int lan
   for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
 }
 
+// One producer row, shared by ep_combine_send_kernel and the producer items of ep_combine_fused_kernel: the n >= 1
+// local slots' (step, slot) items stream through the lane's ring, each step is summed in slot order
+// (combine_add_item) and stored (combine_store_step), and publish(steps done) runs after every kEpProgressSteps
+// steps and after the last (the fused producer's progress word; the send kernel passes a no-op).
+// NOTES:
+// - The caller has issued the first kStages - 1 items (issue(0 .. kStages - 2)) and set acc = +0, step = q =
+//   stage = 0; kStages - 1 (possibly empty) cp.async groups are still pending on return.
+// - The state (acc, step, q, stage) is the caller's, by reference, and so is the prologue: declared in here they
+//   come out of register promotion in another order and ptxas renames / reschedules the loop. Likewise publish
+//   is called under the progress condition in here (a wrapper lambda with the condition changed the fused
+//   kernel's SASS). As it is (__forceinline__), both kernels' SASS is unchanged.
+template <int kStages, class Issue, class Publish>
+__device__ __forceinline__ void combine_sum_row(const uint4* ring, Issue& issue, Publish&& publish, float slot_weight,
+                                                int n, int steps, int chunks, int lane, uint4* dst, float (&acc)[8],
+                                                int& step, int& q, int& stage) {
+  const int total = steps * n;
+  for (int it = 0; it < total; ++it) {
+    combine_add_item<kStages>(ring, stage, issue, slot_weight, q, acc);  // item `it`
+    if (++q == n) {
+      combine_store_step(dst, step, lane, chunks, acc);
+      q = 0;
+      ++step;
+      if (step % kEpProgressSteps == 0 || step == steps) publish(step);
+    }
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+  }
+}
+
 // Grid kEpCombineBlocks x (32 * kEpWarpsPerBlock): one warp per received row (sender s, row i).
 // The warp sums the row's local slots (recv_slot_row >= 0) in slot order, 8 channels per lane per
 // step, and stores the BF16 partial into s's combine_partials[token * R + me]. Then every block bumps
@@ -170,16 +198,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_combine_send_kernel(
 #pragma unroll
     for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
     int step = 0, q = 0, stage = 0;
-    const int total = steps * n;
-    for (int it = 0; it < total; ++it) {
-      combine_add_item<kStages>(ring, stage, issue, slot_weight, q, acc);  // item `it`
-      if (++q == n) {
-        combine_store_step(dst, step, lane, chunks, acc);
-        q = 0;
-        ++step;
-      }
-      stage = stage == kStages - 1 ? 0 : stage + 1;
-    }
+    combine_sum_row<kStages>(ring, issue, [](int) {}, slot_weight, n, steps, chunks, lane, dst, acc, step, q, stage);
   }
   cp_async_wait<0>();
   if (lane == 0 && remote_rows) atomicAdd(reinterpret_cast<unsigned long long*>(p.traffic + 1), remote_rows);
@@ -397,17 +416,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock, 2) ep_combine_fused_ker
 #pragma unroll
       for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
       int step = 0, q = 0, stage = 0;
-      const int total = steps * n;
-      for (int it = 0; it < total; ++it) {
-        combine_add_item<kStages>(ring, stage, issue, slot_weight, q, acc);  // item `it`
-        if (++q == n) {
-          combine_store_step(dst, step, lane, chunks, acc);
-          q = 0;
-          ++step;
-          if (step % kEpProgressSteps == 0 || step == steps) publish(step);
-        }
-        stage = stage == kStages - 1 ? 0 : stage + 1;
-      }
+      combine_sum_row<kStages>(ring, issue, publish, slot_weight, n, steps, chunks, lane, dst, acc, step, q, stage);
       cp_async_wait<0>();  // the trailing empty groups; the ring is reused by the next item
       continue;
     }
