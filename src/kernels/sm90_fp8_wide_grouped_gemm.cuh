@@ -402,8 +402,15 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
   }
 }
 
-// This CTA's walk over the schedule units of both v11 kernels (uniform broadcasts): its rank in its pair (0 without
-// clusters), its first unit and the stride (cluster index / count with kCluster, else block index / grid size).
+// Start of both v11 kernels (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel), one copy so that the
+// two keep the same schedule and start protocol: wide_unit_walk, wide_start, (the caller's tile counts),
+// wide_schedule. NOTES (all three): __forceinline__ and the same statements as the code they replace: the SASS of
+// every v11 kernel is unchanged.
+//
+// wide_unit_walk: this CTA's walk over the schedule units: its rank in its pair (0 without clusters), its first
+// unit and the stride (cluster index / count with kCluster, else block index / grid size).
+// NOTES: uniform (broadcast from lane 0), so branches on them do not diverge; both CTAs of a cluster get the same
+// first unit and stride (the kCluster NOTES of sm90_fp8_wide_grouped_gemm_kernel).
 struct WideUnitWalk {
   int cta_rank, first_unit, unit_step;
 };
@@ -417,9 +424,8 @@ __device__ __forceinline__ WideUnitWalk wide_unit_walk() {
   return {cta_rank, first_unit, unit_step};
 }
 
-// Start of both v11 kernels (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel), in two parts around
-// the caller's tile counts. wide_start: thread 0 initialises the stage barriers and prefetches the tensor maps
-// (scale_map only with kTmaScales).
+// wide_start: thread 0 initialises the stage barriers and prefetches the tensor maps (scale_map only with
+// kTmaScales). NOTES: nothing may wait on or arrive at a barrier before wide_schedule's CTA / cluster barrier.
 template <bool kTmaScales, class Layout>
 __device__ __forceinline__ void wide_start(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
                                            const CUtensorMap* b_map, const CUtensorMap* scale_map) {
@@ -433,9 +439,8 @@ __device__ __forceinline__ void wide_start(const Fp8GemmShared<Layout>& smem, co
 
 // wide_schedule: warp 1 builds the tile table, then a CTA (or, with kCluster, cluster) barrier; returns the
 // schedule's units (uniform): tiles (n_tiles per m-tile) or, with kCluster, cluster units (the table counts them).
-// NOTES: kCluster: the cluster barrier also orders the peer's barrier initialisation (wide_start) before any
-// multicast or remote arrival can reach it. __forceinline__ and the same statements as the code it replaces: the
-// kernels' SASS is unchanged.
+// NOTES: kCluster: the cluster barrier (all threads of both CTAs) also orders the peer's barrier initialisation
+// (wide_start) before any multicast or remote arrival can reach it, and the tile table before its readers.
 template <int kBlockM, bool kCluster>
 __device__ __forceinline__ int wide_schedule(const ExpertTileTable& table, const GroupedGemmParams& params, int warp,
                                              int n_tiles) {
