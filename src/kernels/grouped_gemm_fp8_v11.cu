@@ -6,6 +6,7 @@
 #include <atomic>
 
 #include "kernels/cluster_launch.h"
+#include "kernels/fp8_v11_launch.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_fp8_wide_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
@@ -22,30 +23,9 @@ void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGe
                 "v11 layout overflows 227 KiB of shared memory at kMaxExperts");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
                 "v11 bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
-  // A in 64-row boxes (produce_fp8_tile_trimmed), B in kBlockN-row boxes over all experts' rows (kCluster: each CTA
-  // loads kBBlockRows = kBlockN / 2 of them).
-  const CUtensorMap a_map = make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, sm90::kATrimRows);
-  const CUtensorMap b_map = make_grouped_gemm_tensor_map(
-      weights, params.k, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBBlockRows);
-  // kTmaScales: the A scales [m_capacity, k / 128] fp32 as bytes [m_capacity, k / 32], boxes of 16 bytes
-  // (4 k-blocks) x 128 rows, no swizzle; rows past m_capacity read as zeros. Otherwise an unused copy.
-  CUtensorMap scale_map = a_map;
-  if constexpr (kTmaScales)
-    scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
-                                     Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
-  const int shared_bytes = Layout::shared_bytes(params.num_experts);
-  auto* kernel = &sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN, kTmaScales, kCluster>;
-  MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  sm90::GroupedGemmParams ordered = params;
-  ordered.m_fastest = env_switch("MEGAMOE_GEMM_M_FASTEST", false);  // tile order only (locate_tile_ordered)
-  if constexpr (kCluster) {
-    static std::array<std::atomic<int>, kClusterGridDevices> grids{};  // per device, this instantiation
-    launch_cluster_kernel(kernel, cluster_grid(kernel, shared_bytes, grids), shared_bytes, stream, a_map, b_map,
-                          scale_map, ordered);
-  } else {
-    kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, ordered);
-    MEGAMOE_LAUNCH_CHECK();
-  }
+  // B in kBlockN-row boxes (kCluster: each CTA loads kBBlockRows = kBlockN / 2 of them).
+  launch_v11_kernel<&sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN, kTmaScales, kCluster>, Layout, kTmaScales,
+                    kCluster>(a, weights, params, stream);
 }
 
 // One or two CTAs per cluster (one instantiation each).

@@ -44,6 +44,64 @@ inline constexpr size_t ep_combine_send_shared_bytes(int stages) {
   return static_cast<size_t>(stages) * kEpWarpsPerBlock * 32 * sizeof(uint4);
 }
 
+// One (step, slot) item of a local-slot sum, shared by the send kernel and both roles of the fused kernel (one
+// copy of the fmaf chain, so the two paths stay bit-identical): waits until the item has landed in ring stage
+// `stage`, refills the stage consumed one item ago (issue(), the caller's lambda: always one cp.async group),
+// and adds the q-th slot's weighted chunk: acc[i] = fmaf(w_q, y_q[i], acc[i]).
+// NOTES: kStages - 1 groups are in flight on entry (item `it` is the oldest); lane q' < n holds the q'-th slot's
+// weight in slot_weight (one warp, all lanes: shfl). The loops, their state and acc stay in the kernels:
+// __forceinline__ and the same statements as the three copies it replaces, so the SASS is unchanged.
+template <int kStages, class Issue>
+__device__ __forceinline__ void combine_add_item(const uint4* ring, int stage, Issue& issue, float slot_weight, int q,
+                                                 float (&acc)[8]) {
+  cp_async_wait<kStages - 2>();  // the item has landed in `stage`
+  const uint4 raw = ring[stage * 32];
+  issue(stage == 0 ? kStages - 1 : stage - 1);  // the stage consumed one item ago
+  const float wq = __shfl_sync(0xffffffffu, slot_weight, q);
+  const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int i8 = 0; i8 < 8; ++i8) acc[i8] = __fmaf_rn(wq, __bfloat162float(y[i8]), acc[i8]);
+}
+
+// End of one step of a producer row (send kernel, fused producer): stores the lane's chunk of the partial,
+// bf16_rn(acc), at dst[step * 32 + lane] (chunks past the row's `chunks` are not stored) and restarts acc at +0
+// for the next step. NOTES: __forceinline__ and the same statements as the two copies it replaces: the SASS of
+// both kernels is unchanged.
+__device__ __forceinline__ void combine_store_step(uint4* dst, int step, int lane, int chunks, float (&acc)[8]) {
+  const int c = step * 32 + lane;
+  if (c < chunks) dst[c] = pack_bf16x8(acc);
+#pragma unroll
+  for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
+}
+
+// One producer row, shared by ep_combine_send_kernel and the producer items of ep_combine_fused_kernel: the n >= 1
+// local slots' (step, slot) items stream through the lane's ring, each step is summed in slot order
+// (combine_add_item) and stored (combine_store_step), and publish(steps done) runs after every kEpProgressSteps
+// steps and after the last (the fused producer's progress word; the send kernel passes a no-op).
+// NOTES:
+// - The caller has issued the first kStages - 1 items (issue(0 .. kStages - 2)) and set acc = +0, step = q =
+//   stage = 0; kStages - 1 (possibly empty) cp.async groups are still pending on return.
+// - The state (acc, step, q, stage) is the caller's, by reference, and so is the prologue: declared in here they
+//   come out of register promotion in another order and ptxas renames / reschedules the loop. Likewise publish
+//   is called under the progress condition in here (a wrapper lambda with the condition changed the fused
+//   kernel's SASS). As it is (__forceinline__), both kernels' SASS is unchanged.
+template <int kStages, class Issue, class Publish>
+__device__ __forceinline__ void combine_sum_row(const uint4* ring, Issue& issue, Publish&& publish, float slot_weight,
+                                                int n, int steps, int chunks, int lane, uint4* dst, float (&acc)[8],
+                                                int& step, int& q, int& stage) {
+  const int total = steps * n;
+  for (int it = 0; it < total; ++it) {
+    combine_add_item<kStages>(ring, stage, issue, slot_weight, q, acc);  // item `it`
+    if (++q == n) {
+      combine_store_step(dst, step, lane, chunks, acc);
+      q = 0;
+      ++step;
+      if (step % kEpProgressSteps == 0 || step == steps) publish(step);
+    }
+    stage = stage == kStages - 1 ? 0 : stage + 1;
+  }
+}
+
 // Grid kEpCombineBlocks x (32 * kEpWarpsPerBlock): one warp per received row (sender s, row i).
 // The warp sums the row's local slots (recv_slot_row >= 0) in slot order, 8 channels per lane per
 // step, and stores the BF16 partial into s's combine_partials[token * R + me]. Then every block bumps
@@ -140,25 +198,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock) ep_combine_send_kernel(
 #pragma unroll
     for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
     int step = 0, q = 0, stage = 0;
-    const int total = steps * n;
-    for (int it = 0; it < total; ++it) {
-      cp_async_wait<kStages - 2>();  // item `it` has landed in `stage`
-      const uint4 raw = ring[stage * 32];
-      issue(stage == 0 ? kStages - 1 : stage - 1);  // the stage consumed one item ago
-      const float wq = __shfl_sync(0xffffffffu, slot_weight, q);
-      const __nv_bfloat16* v = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-      for (int i8 = 0; i8 < 8; ++i8) acc[i8] = __fmaf_rn(wq, __bfloat162float(v[i8]), acc[i8]);
-      if (++q == n) {
-        const int c = step * 32 + lane;
-        if (c < chunks) dst[c] = pack_bf16x8(acc);
-#pragma unroll
-        for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
-        q = 0;
-        ++step;
-      }
-      stage = stage == kStages - 1 ? 0 : stage + 1;
-    }
+    combine_sum_row<kStages>(ring, issue, [](int) {}, slot_weight, n, steps, chunks, lane, dst, acc, step, q, stage);
   }
   cp_async_wait<0>();
   if (lane == 0 && remote_rows) atomicAdd(reinterpret_cast<unsigned long long*>(p.traffic + 1), remote_rows);
@@ -376,26 +416,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock, 2) ep_combine_fused_ker
 #pragma unroll
       for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
       int step = 0, q = 0, stage = 0;
-      const int total = steps * n;
-      for (int it = 0; it < total; ++it) {
-        cp_async_wait<kStages - 2>();  // item `it` has landed in `stage`
-        const uint4 raw = ring[stage * 32];
-        issue(stage == 0 ? kStages - 1 : stage - 1);  // the stage consumed one item ago
-        const float wq = __shfl_sync(0xffffffffu, slot_weight, q);
-        const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-        for (int i8 = 0; i8 < 8; ++i8) acc[i8] = __fmaf_rn(wq, __bfloat162float(y[i8]), acc[i8]);
-        if (++q == n) {
-          const int c = step * 32 + lane;
-          if (c < chunks) dst[c] = pack_bf16x8(acc);
-#pragma unroll
-          for (int i8 = 0; i8 < 8; ++i8) acc[i8] = 0.0f;
-          q = 0;
-          ++step;
-          if (step % kEpProgressSteps == 0 || step == steps) publish(step);
-        }
-        stage = stage == kStages - 1 ? 0 : stage + 1;
-      }
+      combine_sum_row<kStages>(ring, issue, publish, slot_weight, n, steps, chunks, lane, dst, acc, step, q, stage);
       cp_async_wait<0>();  // the trailing empty groups; the ring is reused by the next item
       continue;
     }
@@ -452,13 +473,7 @@ __global__ void __launch_bounds__(32 * kEpWarpsPerBlock, 2) ep_combine_fused_ker
 #pragma unroll
         for (int i8 = 0; i8 < 8; ++i8) part[i8] = 0.0f;
         for (int q = 0; q < n; ++q) {
-          cp_async_wait<kStages - 2>();  // item (step, q) has landed in `stage`
-          const uint4 raw = ring[stage * 32];
-          issue(stage == 0 ? kStages - 1 : stage - 1);
-          const float wq = __shfl_sync(0xffffffffu, slot_weight, q);
-          const __nv_bfloat16* y = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-          for (int i8 = 0; i8 < 8; ++i8) part[i8] = __fmaf_rn(wq, __bfloat162float(y[i8]), part[i8]);
+          combine_add_item<kStages>(ring, stage, issue, slot_weight, q, part);  // item (step, q)
           stage = stage == kStages - 1 ? 0 : stage + 1;
         }
         own_raw = pack_bf16x8(part);

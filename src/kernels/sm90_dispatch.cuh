@@ -462,6 +462,26 @@ __device__ inline bool wait_for_arrivals(const EpParams& p, size_t arrivals_offs
   return ok != 0;
 }
 
+// Stores one batch of a received row (lane's words c = w0 + u * 32 + lane, u < kBatch, those below `limit`)
+// into the grouped row of every target: lane j's `dst` for each bit j of `targets` (the lanes with dst >= 0).
+// One copy for expand_received_row and expand_received_row_pieces, which store the same bytes.
+// NOTES: one warp, all lanes (shfl); v holds the batch (loaded by the caller); row_bytes: a grouped row's
+// bytes, a multiple of 16. __forceinline__ and the same statements as the two loops it replaces: the SASS of
+// the dispatch kernels is unchanged.
+template <int kBatch>
+__device__ __forceinline__ void store_row_batch(const EpParams& p, unsigned targets, int dst, size_t row_bytes,
+                                                const uint4 (&v)[kBatch], int w0, int limit, int lane) {
+  for (unsigned rest = targets; rest; rest &= rest - 1) {
+    const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
+    uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * row_bytes);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int c = w0 + u * 32 + lane;
+      if (c < limit) out[c] = v[u];
+    }
+  }
+}
+
 // One row received from ANOTHER rank s (row i of s's block, one warp, all lanes): load it once, store it
 // into the grouped row of every local expert it selected (row_base [R, El]: first grouped row of (s, e)),
 // and record grouped_sources / grouped_weights / recv_slot_row.
@@ -503,15 +523,7 @@ __device__ __forceinline__ void expand_received_row(const EpParams& p, int s, in
         if (c < words) v[u] = src[c];
       }
     }
-    for (unsigned rest = targets; rest; rest &= rest - 1) {
-      const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-      uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * row_bytes);
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int c = w0 + u * 32 + lane;
-        if (c < words) out[c] = v[u];
-      }
-    }
+    store_row_batch(p, targets, dst, row_bytes, v, w0, words, lane);
   }
   if (p.fp8) {
     const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;
@@ -606,15 +618,7 @@ __device__ __forceinline__ bool expand_received_row_pieces(const EpParams& p, in
         }
         targets = __ballot_sync(0xffffffffu, dst >= 0);
       }
-      for (unsigned rest = targets; rest; rest &= rest - 1) {
-        const int d = __shfl_sync(0xffffffffu, dst, __ffs(rest) - 1);
-        uint4* out = reinterpret_cast<uint4*>(static_cast<uint8_t*>(p.grouped_x) + static_cast<size_t>(d) * row_bytes);
-#pragma unroll
-        for (int u = 0; u < kBatch; ++u) {
-          const int c = w0 + u * 32 + lane;
-          if (c < w_end) out[c] = v[u];
-        }
-      }
+      store_row_batch(p, targets, dst, row_bytes, v, w0, w_end, lane);
     }
     if (p.fp8) {
       const float* src_scales = p.region<float>(me, p.layout.recv_scales) + row * S;

@@ -290,29 +290,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
-  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
-  const int first_unit =
-      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
-  const int unit_step =
-      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    prefetch_tensor_map(&a_map);
-    prefetch_tensor_map(&b_map);
-    if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
-  }
+  const auto [cta_rank, first_unit, unit_step] = wide_unit_walk<kCluster>();
+  wide_start<kTmaScales>(smem, &a_map, &b_map, &scale_map);
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = params.n / kBlockN;
   const int n_blocks = params.n / 128;
-  if (warp == 1)
-    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
-                                               n_tiles);
-  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
-  else __syncthreads();
-
-  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
-  const int total_units =
-      __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
+  const int total_units = wide_schedule<kBlockM, kCluster>(table, params, warp, n_tiles);
 
   // kCluster: 40 + 2 x 232 (as the GEMM-2 cluster kernel: the cluster producer spills at 24).
   constexpr uint32_t kProducerRegs = kCluster ? 40 : 24;
@@ -327,11 +310,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
             locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const float* gate_scales =
             params.b_scales + (static_cast<int64_t>(expert) * n_blocks + 2 * where.n_tile) * k_blocks;
-        if constexpr (kTmaScales)
-          wide_produce_b_scales(smem, gate_scales, gate_scales + k_blocks, k_blocks, cursor);
-        else
-          produce_fp8_scales(smem, params.a_scales, gate_scales, gate_scales + k_blocks, where.m0, where.m_end,
-                             k_blocks, cursor);
+        wide_produce_scales<kTmaScales>(smem, params.a_scales, gate_scales, gate_scales + k_blocks, where.m0,
+                                        where.m_end, k_blocks, cursor);
       }
       cp_async_wait_all();
     } else if (threadIdx.x == 0) {
@@ -343,15 +323,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
             locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int b_row = expert * params.n + where.n_tile * kBlockN;
         // n % 256 == 0: a B part never starts past the last expert's rows (never moved).
-        if constexpr (kCluster)
-          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
-                                    params.num_experts * params.n, where.shared_b, cta_rank, k_blocks, cursor,
-                                    scale_slot);
-        else if constexpr (kTmaScales)
-          wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
-                                       cursor, scale_slot);
-        else
-          produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, b_row, k_blocks, cursor);
+        wide_produce_tile<kTmaScales, kCluster>(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                                params.num_experts * params.n, where.shared_b, cta_rank, k_blocks,
+                                                cursor, scale_slot);
       }
     }
   } else {

@@ -402,6 +402,95 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
   }
 }
 
+// Start of both v11 kernels (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel), one copy so that the
+// two keep the same schedule and start protocol: wide_unit_walk, wide_start, (the caller's tile counts),
+// wide_schedule. NOTES (all three): __forceinline__ and the same statements as the code they replace: the SASS of
+// every v11 kernel is unchanged.
+//
+// wide_unit_walk: this CTA's walk over the schedule units: its rank in its pair (0 without clusters), its first
+// unit and the stride (cluster index / count with kCluster, else block index / grid size).
+// NOTES: uniform (broadcast from lane 0), so branches on them do not diverge; both CTAs of a cluster get the same
+// first unit and stride (the kCluster NOTES of sm90_fp8_wide_grouped_gemm_kernel).
+struct WideUnitWalk {
+  int cta_rank, first_unit, unit_step;
+};
+template <bool kCluster>
+__device__ __forceinline__ WideUnitWalk wide_unit_walk() {
+  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
+  const int first_unit =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
+  const int unit_step =
+      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
+  return {cta_rank, first_unit, unit_step};
+}
+
+// wide_start: thread 0 initialises the stage barriers and prefetches the tensor maps (scale_map only with
+// kTmaScales). NOTES: nothing may wait on or arrive at a barrier before wide_schedule's CTA / cluster barrier.
+template <bool kTmaScales, class Layout>
+__device__ __forceinline__ void wide_start(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                           const CUtensorMap* b_map, const CUtensorMap* scale_map) {
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    prefetch_tensor_map(a_map);
+    prefetch_tensor_map(b_map);
+    if constexpr (kTmaScales) prefetch_tensor_map(scale_map);
+  }
+}
+
+// wide_schedule: warp 1 builds the tile table, then a CTA (or, with kCluster, cluster) barrier; returns the
+// schedule's units (uniform): tiles (n_tiles per m-tile) or, with kCluster, cluster units (the table counts them).
+// NOTES: kCluster: the cluster barrier (all threads of both CTAs) also orders the peer's barrier initialisation
+// (wide_start) before any multicast or remote arrival can reach it, and the tile table before its readers.
+template <int kBlockM, bool kCluster>
+__device__ __forceinline__ int wide_schedule(const ExpertTileTable& table, const GroupedGemmParams& params, int warp,
+                                             int n_tiles) {
+  if (warp == 1)
+    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
+                                               n_tiles);
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
+  else __syncthreads();
+  return __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
+}
+
+// One tile of the scale warp (warp 1) of both v11 kernels: the tile's two B block scale rows (first, second:
+// k_blocks each) and, without kTmaScales, the A scales of rows [m0, m_end) (cp.async; with kTmaScales the TMA
+// producer loads those). The kernels pick the two B blocks (GEMM 2: n0 / 128 and the next; GEMM 1: gate, up).
+// NOTES: __forceinline__ and the same calls as the code it replaces: the kernels' SASS is unchanged.
+template <bool kTmaScales, class Layout>
+__device__ __forceinline__ void wide_produce_scales(const Fp8GemmShared<Layout>& smem, const float* a_scales,
+                                                    const float* first, const float* second, int m0, int m_end,
+                                                    int k_blocks, PipelineCursor<Layout::kStageCount>& cursor) {
+  if constexpr (kTmaScales)
+    wide_produce_b_scales(smem, first, second, k_blocks, cursor);
+  else
+    produce_fp8_scales(smem, a_scales, first, second, m0, m_end, k_blocks, cursor);
+}
+
+// One tile of the TMA producer thread (threadIdx.x == 0 of warpgroup 0) of both v11 kernels
+// (sm90_fp8_wide_grouped_gemm_kernel, sm90_fp8_wide_gemm1_kernel): A rows [m0, m_end), B rows from b_row (of
+// b_rows in all) and, with kTmaScales, A scales into the stage ring, by the cluster, TMA-scale or plain producer.
+// One copy so that the two kernels keep the same choice and arguments.
+// NOTES:
+// - __forceinline__ and the same calls as the code it replaces: the SASS of every v11 kernel is unchanged. The
+//   unit loop, locate_unit and the loop state (cursor, expert, scale_slot) stay in the kernels: moved in here
+//   (tried), their values come out of register promotion in another order and ptxas renames and reschedules
+//   part of the producer.
+// - b_rows (= num_experts * n) is used by the cluster producer only (a B part never starts past it).
+template <bool kTmaScales, bool kCluster, class Layout>
+__device__ __forceinline__ void wide_produce_tile(const Fp8GemmShared<Layout>& smem, const CUtensorMap* a_map,
+                                                  const CUtensorMap* b_map, const CUtensorMap* scale_map, int m0,
+                                                  int m_end, int b_row, int b_rows, bool shared_b, int cta_rank,
+                                                  int k_blocks, PipelineCursor<Layout::kStageCount>& cursor,
+                                                  int& scale_slot) {
+  if constexpr (kCluster)
+    wide_produce_tile_cluster(smem, a_map, b_map, scale_map, m0, m_end, b_row, b_rows, shared_b, cta_rank, k_blocks,
+                              cursor, scale_slot);
+  else if constexpr (kTmaScales)
+    wide_produce_tile_tma_scales(smem, a_map, b_map, scale_map, m0, m_end, b_row, k_blocks, cursor, scale_slot);
+  else
+    produce_fp8_tile_trimmed(smem, a_map, b_map, m0, m_end, b_row, k_blocks, cursor);
+}
+
 // kTmaScales: A scales by TMA through scale_map (unused otherwise; NOTES above wide_produce_tile_tma_scales).
 // kCluster: clusters of 2 CTAs sharing each B tile by multicast (launched with cluster dims (2, 1, 1)):
 // NOTES (kCluster; docs/grouped_gemm.md "v11 clusters"):
@@ -438,30 +527,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
-  // This CTA's rank in its pair, the first schedule unit and the stride (uniform broadcasts).
-  const int cta_rank = kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_cta_rank()), 0) : 0;
-  const int first_unit =
-      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_index_x()), 0) : static_cast<int>(blockIdx.x);
-  const int unit_step =
-      kCluster ? __shfl_sync(0xffffffffu, static_cast<int>(cluster_count_x()), 0) : static_cast<int>(gridDim.x);
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    prefetch_tensor_map(&a_map);
-    prefetch_tensor_map(&b_map);
-    if constexpr (kTmaScales) prefetch_tensor_map(&scale_map);
-  }
+  const auto [cta_rank, first_unit, unit_step] = wide_unit_walk<kCluster>();
+  wide_start<kTmaScales>(smem, &a_map, &b_map, &scale_map);
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = (params.n + kBlockN - 1) / kBlockN;
   const int n_blocks = params.n / 128;
-  if (warp == 1)
-    build_expert_tile_table<kBlockM, kCluster>(table, params.expert_offsets, params.num_experts, params.m_capacity,
-                                               n_tiles);
-  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialised before anything reaches them
-  else __syncthreads();
-
-  // Units: tiles (n_tiles per m-tile), or cluster units (the table counts them).
-  const int total_units =
-      __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * (kCluster ? 1 : n_tiles);
+  const int total_units = wide_schedule<kBlockM, kCluster>(table, params, warp, n_tiles);
 
   // Register split as sm90_fp8_grouped_gemm_kernel (its NOTES: the pool is 168 x 384; 24 + 2 x 240 = 504).
   // kCluster: 40 + 2 x 232 = 504: the cluster producer spilled at 24 (ptxas: 28-40 bytes, in the producer and
@@ -479,13 +550,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         const int block0 = where.n_tile * kBlockN / 128;
         const int block1 = wide_second_block(where.n_tile * kBlockN, params.n);
         const float* expert_scales = params.b_scales + static_cast<int64_t>(expert) * n_blocks * k_blocks;
-        if constexpr (kTmaScales)
-          wide_produce_b_scales(smem, expert_scales + static_cast<int64_t>(block0) * k_blocks,
-                                expert_scales + static_cast<int64_t>(block1) * k_blocks, k_blocks, cursor);
-        else
-          produce_fp8_scales(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
-                             expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0, where.m_end,
-                             k_blocks, cursor);
+        wide_produce_scales<kTmaScales>(smem, params.a_scales, expert_scales + static_cast<int64_t>(block0) * k_blocks,
+                                        expert_scales + static_cast<int64_t>(block1) * k_blocks, where.m0,
+                                        where.m_end, k_blocks, cursor);
       }
       cp_async_wait_all();
     } else if (threadIdx.x == 0) {
@@ -496,15 +563,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         const ClusterTileCoordinates where =
             locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
         const int b_row = expert * params.n + where.n_tile * kBlockN;
-        if constexpr (kCluster)
-          wide_produce_tile_cluster(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
-                                    params.num_experts * params.n, where.shared_b, cta_rank, k_blocks, cursor,
-                                    scale_slot);
-        else if constexpr (kTmaScales)
-          wide_produce_tile_tma_scales(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row, k_blocks,
-                                       cursor, scale_slot);
-        else
-          produce_fp8_tile_trimmed(smem, &a_map, &b_map, where.m0, where.m_end, b_row, k_blocks, cursor);
+        wide_produce_tile<kTmaScales, kCluster>(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
+                                                params.num_experts * params.n, where.shared_b, cta_rank, k_blocks,
+                                                cursor, scale_slot);
       }
     }
   } else {

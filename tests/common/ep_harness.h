@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -237,6 +238,72 @@ inline float combine_in_kernel_order(const int32_t* ids, const float* weights, c
   return out;
 }
 
+// One dispatch of dev's inputs through `io` on every rank (a group barrier first), synchronized, after poisoning
+// (0xFF) the receive buffer x (and x_scales when poison_scales and the payload has them) and dev.out, so that
+// what a test reads afterwards was written by this call. One copy for run_dispatch_combine_case and
+// dispatch_combine_once.
+inline void dispatch_poisoned(EpDispatcher& io, EpGroup& group, const DeviceInputs& dev, int H, size_t payload,
+                              bool poison_scales, cudaStream_t stream) {
+  const ReceivedTokens& rx = io.received();
+  poison_device_buffer(rx.x, rx.max_rows * H * payload, 0xFF, stream);
+  if (poison_scales && rx.x_scales) poison_device_buffer(rx.x_scales, rx.max_rows * (H / 128) * 4, 0xFF, stream);
+  poison_device_buffer(dev.out, static_cast<size_t>(dev.tokens) * H * 2, 0xFF, stream);
+  group.barrier(stream);
+  io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), stream);
+  group.synchronize(stream);
+}
+
+// What a dispatch left in `rx`, downloaded: expert_offsets [per_rank + 1] and, for the rows = offsets[per_rank]
+// grouped rows, x [rows, H * payload] bytes, scales [rows, H / 128] (zeros when the payload has none) and
+// sources [rows]. One copy for run_dispatch_combine_case and dispatch_combine_once.
+struct ReceivedOnHost {
+  std::vector<int32_t> offsets;
+  int64_t rows = 0;
+  std::vector<uint8_t> x;
+  std::vector<float> scales;
+  std::vector<RowSource> sources;
+};
+
+inline ReceivedOnHost download_received(const ReceivedTokens& rx, int per_rank, int H, size_t payload) {
+  ReceivedOnHost got;
+  got.offsets.resize(per_rank + 1);
+  MEGAMOE_CUDA_CHECK(cudaMemcpy(got.offsets.data(), rx.expert_offsets, got.offsets.size() * 4, cudaMemcpyDeviceToHost));
+  got.rows = got.offsets[per_rank];
+  got.x.resize(got.rows * H * payload);
+  got.scales.resize(got.rows * (H / 128));
+  got.sources.resize(got.rows);
+  if (got.rows > 0) {
+    MEGAMOE_CUDA_CHECK(cudaMemcpy(got.x.data(), rx.x, got.x.size(), cudaMemcpyDeviceToHost));
+    if (rx.x_scales)
+      MEGAMOE_CUDA_CHECK(
+          cudaMemcpy(got.scales.data(), rx.x_scales, got.scales.size() * 4, cudaMemcpyDeviceToHost));
+    MEGAMOE_CUDA_CHECK(
+        cudaMemcpy(got.sources.data(), rx.sources, got.rows * sizeof(RowSource), cudaMemcpyDeviceToHost));
+  }
+  return got;
+}
+
+// After a launch (begun at `start`) that a stalled peer blocks: synchronizing `stream` on `group` must throw
+// megamoe::Error naming the phase ("phase '<phase>'"), the stalled peer and this rank `me` as the waiter, within
+// 5 s of `start` (the tests' bounded wait is 1 s). `launch` names the launch in the failure when it returns
+// without an error. One copy for the stalled-peer tests (test_ep_multi, test_mega_multi).
+// NOTES: the same assertions and messages as the copies it replaced (ADD_FAILURE, 3 x EXPECT_NE, EXPECT_LT).
+inline void expect_stalled_peer_timeout(EpGroup& group, cudaStream_t stream, const std::string& launch,
+                                        const std::string& phase, int me, int stalled,
+                                        std::chrono::steady_clock::time_point start) {
+  try {
+    group.synchronize(stream);
+    ADD_FAILURE() << launch << " with a stalled peer returned without an error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("phase '" + phase + "'"), std::string::npos) << what;
+    EXPECT_NE(what.find("peer rank " + std::to_string(stalled)), std::string::npos) << what;
+    EXPECT_NE(what.find("timed out: rank " + std::to_string(me) + " waited"), std::string::npos) << what;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0) << "the bounded wait (1 s) took " << seconds << " s to report";
+}
+
 // Runs one dispatch + combine on this rank and checks both bit for bit. Returns the number of
 // grouped rows checked (so the caller can assert the test covered something).
 inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc, cudaStream_t stream) {
@@ -254,25 +321,11 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
   DeviceInputs dev(mine, H, k);
   const ReceivedTokens& rx = io.received();
   const size_t payload = tc.payload == EpPayload::kFp8 ? 1 : 2;
-  poison_device_buffer(rx.x, rx.max_rows * H * payload, 0xFF, stream);
-  if (rx.x_scales) poison_device_buffer(rx.x_scales, rx.max_rows * (H / 128) * 4, 0xFF, stream);
-  poison_device_buffer(dev.out, static_cast<size_t>(mine.tokens) * H * 2, 0xFF, stream);
-  group.barrier(stream);
-  io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), stream);
-  group.synchronize(stream);
+  dispatch_poisoned(io, group, dev, H, payload, /*poison_scales=*/true, stream);
 
   // Download what arrived.
-  std::vector<int32_t> offsets(per_rank + 1);
-  MEGAMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), rx.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
-  const int64_t rows = offsets[per_rank];
-  std::vector<uint8_t> x(rows * H * payload);
-  std::vector<float> scales(rows * (H / 128));
-  std::vector<RowSource> sources(rows);
-  if (rows > 0) {
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(x.data(), rx.x, x.size(), cudaMemcpyDeviceToHost));
-    if (rx.x_scales) MEGAMOE_CUDA_CHECK(cudaMemcpy(scales.data(), rx.x_scales, scales.size() * 4, cudaMemcpyDeviceToHost));
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(sources.data(), rx.sources, rows * sizeof(RowSource), cudaMemcpyDeviceToHost));
-  }
+  const ReceivedOnHost recv = download_received(rx, per_rank, H, payload);
+  const int64_t rows = recv.rows;
   // Expected payload of every (rank, token) and a reverse index to name a misplaced row's origin.
   auto expected_row = [&](int r, int t, std::vector<uint8_t>* bytes, std::vector<float>* sc) {
     const uint16_t* h = all[r].hidden.data() + static_cast<size_t>(t) * H;
@@ -305,8 +358,8 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
   int bad = 0;
   std::set<std::tuple<int, int, int>> seen;
   for (int e = 0; e < per_rank; ++e) {
-    for (int64_t m = offsets[e]; m < offsets[e + 1] && bad < 5; ++m) {
-      const RowSource s = sources[m];
+    for (int64_t m = recv.offsets[e]; m < recv.offsets[e + 1] && bad < 5; ++m) {
+      const RowSource s = recv.sources[m];
       const bool valid_source = s.rank >= 0 && s.rank < R && s.token >= 0 && s.token < all[std::clamp(s.rank, 0, R - 1)].tokens &&
                                 s.slot >= 0 && s.slot < k;
       if (!valid_source) {
@@ -328,7 +381,7 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
       std::vector<uint8_t> want;
       std::vector<float> want_scales;
       expected_row(s.rank, s.token, &want, &want_scales);
-      const std::vector<uint8_t> got(x.begin() + m * H * payload, x.begin() + (m + 1) * H * payload);
+      const std::vector<uint8_t> got(recv.x.begin() + m * H * payload, recv.x.begin() + (m + 1) * H * payload);
       if (got != want) {
         const auto it = origin_of.find(got);
         ADD_FAILURE() << "grouped row " << m << " should hold (rank " << s.rank << ", token " << s.token << ") but holds "
@@ -339,8 +392,8 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
       }
       if (tc.payload == EpPayload::kFp8)
         for (int g = 0; g < H / 128; ++g)
-          if (scales[m * (H / 128) + g] != want_scales[g]) {
-            ADD_FAILURE() << "grouped row " << m << " scale " << g << ": " << scales[m * (H / 128) + g] << " != " << want_scales[g];
+          if (recv.scales[m * (H / 128) + g] != want_scales[g]) {
+            ADD_FAILURE() << "grouped row " << m << " scale " << g << ": " << recv.scales[m * (H / 128) + g] << " != " << want_scales[g];
             ++bad;
             break;
           }
@@ -351,7 +404,7 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
   // Combine: feed probes, expect the fixed-order fp32 sum on the source rank.
   std::vector<uint16_t> y(std::max<int64_t>(rows, 1) * H);
   for (int64_t m = 0; m < rows; ++m)
-    for (int c = 0; c < H; ++c) y[m * H + c] = bf16_bits(combine_probe(sources[m].rank, sources[m].token, sources[m].slot, c));
+    for (int c = 0; c < H; ++c) y[m * H + c] = bf16_bits(combine_probe(recv.sources[m].rank, recv.sources[m].token, recv.sources[m].slot, c));
   void* y_dev = nullptr;
   MEGAMOE_CUDA_CHECK(cudaMalloc(&y_dev, y.size() * 2));
   MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(y_dev, y.data(), y.size() * 2, cudaMemcpyHostToDevice, stream));
@@ -425,40 +478,27 @@ inline DispatchCombineResult dispatch_combine_once(EpDispatcher& io, EpGroup& gr
   const size_t payload = tc.payload == EpPayload::kFp8 ? 1 : 2;
   DeviceInputs dev(mine, H, tc.top_k);
   const ReceivedTokens& rx = io.received();
-  poison_device_buffer(rx.x, rx.max_rows * H * payload, 0xFF, stream);
-  poison_device_buffer(dev.out, static_cast<size_t>(mine.tokens) * H * 2, 0xFF, stream);
-  group.barrier(stream);
-  io.dispatch(dev.hidden_view(), dev.ids_view(), dev.weights_view(), stream);
-  group.synchronize(stream);
-  std::vector<int32_t> offsets(per_rank + 1);
-  MEGAMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), rx.expert_offsets, offsets.size() * 4, cudaMemcpyDeviceToHost));
-  const int64_t n = offsets[per_rank];
-  std::vector<uint8_t> x(n * H * payload);
-  std::vector<float> scales(n * (H / 128));
-  std::vector<RowSource> sources(n);
-  if (n > 0) {
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(x.data(), rx.x, x.size(), cudaMemcpyDeviceToHost));
-    if (rx.x_scales) MEGAMOE_CUDA_CHECK(cudaMemcpy(scales.data(), rx.x_scales, scales.size() * 4, cudaMemcpyDeviceToHost));
-    MEGAMOE_CUDA_CHECK(cudaMemcpy(sources.data(), rx.sources, n * sizeof(RowSource), cudaMemcpyDeviceToHost));
-  }
+  dispatch_poisoned(io, group, dev, H, payload, /*poison_scales=*/false, stream);
+  const ReceivedOnHost recv = download_received(rx, per_rank, H, payload);
+  const int64_t n = recv.rows;
   DispatchCombineResult result;
   for (int e = 0; e < per_rank; ++e)
-    for (int64_t m = offsets[e]; m < offsets[e + 1]; ++m) {
-      const RowSource s = sources[m];
+    for (int64_t m = recv.offsets[e]; m < recv.offsets[e + 1]; ++m) {
+      const RowSource s = recv.sources[m];
       std::vector<float> sc;
-      if (rx.x_scales) sc.assign(scales.begin() + m * (H / 128), scales.begin() + (m + 1) * (H / 128));
+      if (rx.x_scales) sc.assign(recv.scales.begin() + m * (H / 128), recv.scales.begin() + (m + 1) * (H / 128));
       const bool fresh = result.rows
                              .emplace(std::make_tuple(s.rank, s.token, s.slot),
                                       std::make_tuple(e, s.weight,
-                                                      std::vector<uint8_t>(x.begin() + m * H * payload,
-                                                                           x.begin() + (m + 1) * H * payload),
+                                                      std::vector<uint8_t>(recv.x.begin() + m * H * payload,
+                                                                           recv.x.begin() + (m + 1) * H * payload),
                                                       sc))
                              .second;
       EXPECT_TRUE(fresh) << "source (" << s.rank << ", " << s.token << ", " << s.slot << ") in two grouped rows";
     }
   std::vector<uint16_t> y(std::max<int64_t>(n, 1) * H);
   for (int64_t m = 0; m < n; ++m)
-    for (int c = 0; c < H; ++c) y[m * H + c] = hashed_expert_output(sources[m].rank, sources[m].token, sources[m].slot, c);
+    for (int c = 0; c < H; ++c) y[m * H + c] = hashed_expert_output(recv.sources[m].rank, recv.sources[m].token, recv.sources[m].slot, c);
   void* y_dev = nullptr;
   MEGAMOE_CUDA_CHECK(cudaMalloc(&y_dev, y.size() * 2));
   MEGAMOE_CUDA_CHECK(cudaMemcpyAsync(y_dev, y.data(), y.size() * 2, cudaMemcpyHostToDevice, stream));
