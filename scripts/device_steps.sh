@@ -4,7 +4,7 @@
 #   budget_s   seconds the whole script may take (steps are cut to what is left, skipped below 10 s)
 #   pack_name  the tgz name in $out
 # Then:  step NAME LIMIT CMD...   (CMD's output in $logs/NAME.log; a failure prints its first error lines)
-#        step_sharded_gpu_suite NAME LIMIT TESTS   (a gtest binary sharded over GPUs 0 and 1, both shards' output
+#        step_sharded_gpu_suite NAME LIMIT TESTS   (a gtest binary in two shards on GPUs $SHARD_GPUS (default 0 1), both shards' output
 #                                 in $logs/NAME.log)
 #        print_test_counts        (the PASSED / FAILED lines of every $logs/test_*.log)
 #        print_summary            (the step / result / time table, last in the output)
@@ -31,9 +31,10 @@ print_summary() {
 }
 step_sharded_gpu_suite() {
   local name=$1 limit=$2 tests=$3
-  step "$name" "$limit" bash -c 'pids=(); rc=0; for i in 0 1; do
-      CUDA_VISIBLE_DEVICES=$i GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i "$0" >"$1.$i" 2>&1 & pids+=($!); done
-    for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$tests" "$logs/$name.shard"
+  # SHARD_GPUS: the GPU of each shard (default "0 1"; on a one-GPU machine "0 0" runs both shards on GPU 0).
+  step "$name" "$limit" bash -c 'gpus=($2); pids=(); rc=0; for i in 0 1; do
+      CUDA_VISIBLE_DEVICES=${gpus[$i]} GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i "$0" >"$1.$i" 2>&1 & pids+=($!); done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$tests" "$logs/$name.shard" "${SHARD_GPUS:-0 1}"
 }
 print_test_counts() { grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$logs"/test_*.log | sort | uniq -c; }
 # The bench ep rows of every $logs/ep_*.log (rank 0): dispatch / combine µs and GB/s, then the per-kernel split.
