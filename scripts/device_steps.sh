@@ -48,3 +48,44 @@ print_ep_table() {
     echo "$(basename "$f" .log) | $d | $kt"
   done
 }
+# SM clock / power / clock-event reasons of GPU 0 every 50 ms (read-only nvidia-smi; session 17 found the H200 at its
+# 700 W software cap, SM clock ~1.46 GHz instead of 1.98, under sustained large-M GEMM load). Usage:
+#   clock_sampler_start; clock_mark NAME start; step NAME ...; clock_mark NAME end; ...; clock_sampler_stop
+#   print_clock_table   (per marked step: the samples drawing >= 60% of the step's peak power, i.e. while kernels run)
+clock_sampler_start() {
+  local reasons=clocks_event_reasons.active
+  nvidia-smi --query-gpu=$reasons --format=csv,noheader >/dev/null 2>&1 || reasons=clocks_throttle_reasons.active
+  nvidia-smi -i 0 --query-gpu=timestamp,clocks.sm,power.draw,$reasons --format=csv,noheader,nounits -lms 50 \
+    >"$logs/clocks.csv" 2>&1 &
+  clock_sampler_pid=$!
+}
+clock_mark() { echo "$1 $2 $(date '+%Y/%m/%d %H:%M:%S.%3N')" >>"$logs/marks.txt"; }
+clock_sampler_stop() { kill "${clock_sampler_pid:-0}" 2>/dev/null; wait "${clock_sampler_pid:-0}" 2>/dev/null; pack; }
+print_clock_table() {
+  python3 - "$logs" <<'PY'
+import datetime, os, sys
+d = sys.argv[1]
+def t(s): return datetime.datetime.strptime(s.strip(), "%Y/%m/%d %H:%M:%S.%f")
+samples, marks = [], {}
+try:
+    for line in open(os.path.join(d, "clocks.csv")):
+        p = [x.strip() for x in line.split(",")]
+        try: samples.append((t(p[0]), float(p[1]), float(p[2]), int(p[3], 16)))
+        except Exception: pass
+    for line in open(os.path.join(d, "marks.txt")):
+        name, what, stamp = line.split(" ", 2)
+        marks.setdefault(name, {})[what] = t(stamp)
+except OSError as e:
+    print("clock table:", e); sys.exit(0)
+print("\nGPU 0 while loaded (samples >= 60% of the step's peak power): step | samples | SM MHz median / min | W median"
+      " / max | share with the SW power cap (0x4)")
+for name in sorted(marks, key=lambda n: marks[n].get("start", datetime.datetime.min)):
+    m = marks[name]
+    s = [x for x in samples if "start" in m and "end" in m and m["start"] <= x[0] <= m["end"]]
+    if not s: print("%-24s no samples" % name); continue
+    peak = max(x[2] for x in s); s = [x for x in s if x[2] >= 0.6 * peak]
+    mhz = sorted(x[1] for x in s); w = sorted(x[2] for x in s)
+    print("%-24s %4d | %5.0f / %5.0f | %4.0f / %4.0f | %.2f" % (name, len(s), mhz[len(mhz) // 2], mhz[0],
+          w[len(w) // 2], w[-1], sum(1 for x in s if x[3] & 0x4) / len(s)))
+PY
+}

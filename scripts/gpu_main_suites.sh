@@ -12,9 +12,12 @@ B=${PREBUILT:?source scripts/use_prebuilt.sh main first}; T=$B/tests
 budget_s=${BUDGET_S:-560}; pack_name=${PACK_NAME:-main_suites.tgz}
 source scripts/device_steps.sh
 step_sharded_gpu_suite test_gpu "${SHARD_LIMIT:-220}" "$T/megamoe_tests_gpu"
+clock_sampler_start  # GPU 0's clock / power per bench step (print_clock_table below)
 for round in 1 2; do
+  clock_mark "layer_dsv3_$round" start
   step "layer_dsv3_$round" 60 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
     --preset dsv3 --format fp8_block --tokens 128,2048,8192 --iters 8 --json "$logs/layer_dsv3_$round.json"
+  clock_mark "layer_dsv3_$round" end
 done
 for tokens in 4096 8192; do  # the EP dispatch / combine at the defaults
   step "ep_${tokens}" 20 "$B/megamoe" bench ep --ranks 2 --tokens "$tokens" --hidden 7168 --top-k 8 --experts 256 --iters 20
@@ -23,6 +26,7 @@ for model in ms4 qwen3-30b; do
   step "layer_${model}_1" 45 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
     --preset "$model" --format fp8_block --tokens 128,2048,8192 --iters 8 --json "$logs/layer_${model}_1.json"
 done
+clock_sampler_stop
 step test_multigpu "${MULTI_LIMIT:-270}" env MEGAMOE_TEST_RANKS=2 "$T/megamoe_tests_multigpu"
 print_test_counts
 python3 - "$logs" <<'PY'
@@ -39,6 +43,7 @@ for f in sorted(os.listdir(d)):
 print("layer fp8, 2 ranks, rank-0 median us per round")
 for k in sorted(res): print("%-10s %6s %-18s %s" % (k[0], k[1], k[2], "  ".join(res[k])))
 PY
+print_clock_table
 print_summary
 print_ep_table
 pack
