@@ -582,8 +582,8 @@ TEST(GroupedGemmW4a8, DecodeV8MatchesOldBitForBit) {
 
 // W4A8 v9 (kernels::set_w4a8_v9, MEGAMOE_W4A8_V9): the 256 x 128 M-split kernel against the default BF16-out
 // kernels (128 x 256 / 64 x 256 tiles) on the same inputs, byte for byte, pad rows and rows of no expert poisoned in
-// both; experts of 0, 1, 63-1000 rows (rows not multiples of 256, experts of <= 128 rows: the second math warpgroup
-// has no row), K up to 7168, N 7168 (dsv3 GEMM 2) and 2048, both formats, every decoder the kernels select (old, v8,
+// both; experts of 0, 1, 40-1000 rows (rows not multiples of 256, experts of <= 128 rows: the second math warpgroup
+// has no row; a buffer of 50 rows, less than one A box), K up to 7168, N 7168 (dsv3 GEMM 2) and 2048, both formats, every decoder the kernels select (old, v8,
 // auto), scales perturbed into the decoders' fallbacks; rows hints 0 (unknown) and 1024 (v9 runs) against the
 // default at the same hint.
 struct ScopedV9 {
@@ -604,6 +604,7 @@ TEST(GroupedGemmW4a8, MSplitV9MatchesDefaultBitForBit) {
   };
   const Case cases[] = {
       {{0, 1, 63, 300, 128, 129, 256, 257, 511, 0, 1000}, 256, 512, false},
+      {{1, 0, 40}, 256, 256, false},  // m_capacity 50 < one 256-row A box (TMA zero fill past the tensor)
       {{300, 1, 0, 63, 257}, 7168, 2048, true},
       {{129, 0, 300, 1, 64}, 2048, 7168, true},
   };
