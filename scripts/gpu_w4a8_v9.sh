@@ -3,8 +3,8 @@
 # (docs/grouped_gemm.md "W4A8 v9", src/kernels/sm90_w4a8_m_split_grouped_gemm.cuh; MEGAMOE_W4A8_V9=0|1, default 0).
 # (1) GroupedGemmW4a8.* with MEGAMOE_W4A8_V9=1 (every BF16-out test at rows hint 0 or >= 256 runs v9 against the fp64
 #     reference; MSplitV9MatchesDefaultBitForBit: v9 vs the default kernels byte for byte, 48 launch pairs, both
-#     formats, decoders old / v8 / auto, N 256 / 7168 / 2048, K up to 7168, experts of 0-1000 rows, a 50-row buffer; DecodeV7 left out
-#     for time).
+#     formats, decoders old / v8 / auto, N 256 / 7168 / 2048, K up to 7168, experts of 0-1000 rows, a 50-row
+#     buffer; DecodeV7 left out for time).
 # (2) bench gemm --gemms 2 --format nvfp4 / mxfp4, dsv3 ms4 qwen3-30b, 32 experts, exact 1024 / 4096 rows and
 #     multinomial 512 / 1024, default vs MEGAMOE_W4A8_V9=1 in alternating processes (read once per process), 2 rounds.
 # (3) compute-sanitizer memcheck and synccheck of GroupedGemmW4a8.MSplitV9AgainstReference (small shapes), then the

@@ -583,9 +583,9 @@ TEST(GroupedGemmW4a8, DecodeV8MatchesOldBitForBit) {
 // W4A8 v9 (kernels::set_w4a8_v9, MEGAMOE_W4A8_V9): the 256 x 128 M-split kernel against the default BF16-out
 // kernels (128 x 256 / 64 x 256 tiles) on the same inputs, byte for byte, pad rows and rows of no expert poisoned in
 // both; experts of 0, 1, 40-1000 rows (rows not multiples of 256, experts of <= 128 rows: the second math warpgroup
-// has no row; a buffer of 50 rows, less than one A box), K up to 7168, N 7168 (dsv3 GEMM 2) and 2048, both formats, every decoder the kernels select (old, v8,
-// auto), scales perturbed into the decoders' fallbacks; rows hints 0 (unknown) and 1024 (v9 runs) against the
-// default at the same hint.
+// has no row; a buffer of 50 rows, less than one A box), K up to 7168, N 7168 (dsv3 GEMM 2) and 2048, both formats,
+// every decoder the kernels select (old, v8, auto), scales perturbed into the decoders' fallbacks; rows hints 0
+// (unknown) and 1024 (v9 runs) against the default at the same hint.
 struct ScopedV9 {
   int saved = kernels::w4a8_v9();
   ~ScopedV9() { kernels::set_w4a8_v9(saved); }
