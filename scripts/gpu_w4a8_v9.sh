@@ -27,7 +27,7 @@ for round in 1 2; do
       for spread in none multinomial; do
         rows="1024 4096"; [ "$spread" = multinomial ] && rows="512 1024"
         # shellcheck disable=SC2086
-        step "bench_${format}_v${v9}_${spread}_$round" 12 env MEGAMOE_W4A8_V9=$v9 "$B/megamoe" bench gemm \
+        step "bench_${format}_v${v9}_${spread}_$round" 20 env MEGAMOE_W4A8_V9=$v9 "$B/megamoe" bench gemm \
           --gemms 2 --format "$format" --models dsv3 ms4 qwen3-30b --rows $rows --rows-spread "$spread" \
           --no-cublas --repeats 10 --json "$logs/bench_${format}_v${v9}_${spread}_$round.json"
       done
