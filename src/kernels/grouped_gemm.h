@@ -338,4 +338,11 @@ void grouped_gemm_w4a8_bf16out(const GroupedGemmW4a8Args& args, cudaStream_t str
 int w4a8_decode();
 void set_w4a8_decode(int decoder);
 
+// W4A8 v9: the BF16-out W4A8 GEMMs (grouped_gemm2_w4a8, grouped_gemm_w4a8_bf16out) at rows hints >= 256 or unknown
+// run the 256 x 128 M-split kernel (sm90_w4a8_m_split_grouped_gemm.cuh; half the FP4 decode per FLOP; the same
+// BF16 bytes as the default kernels). MEGAMOE_W4A8_V9 = "0" (default) | "1" (anything else: megamoe::Error), read
+// once per process; set_w4a8_v9(0 | 1) overrides it (same-process A/B, tests).
+int w4a8_v9();
+void set_w4a8_v9(int enabled);
+
 }  // namespace megamoe::kernels
