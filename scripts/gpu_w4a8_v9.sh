@@ -44,24 +44,5 @@ unset_filter=GroupedGemmW4a8.MSplitV9AgainstReference:GroupedGemmW4a8.PlainRando
 unset_filter+=:GroupedGemmW4a8.Gemm2DeepK:GroupedGemmW4a8.BitExactRepresentableInputs
 step gtest_v9_unset 25 "$T" --gtest_filter="$unset_filter"
 grep -hE '^\[  (PASSED|FAILED) |^\[  FAILED  \]' "$logs/gtest_v9_unset.log" 2>/dev/null
-cp "$logs"/*.json "$logs"/*.log "$out/" 2>/dev/null
 print_summary
-python3 - "$logs" <<'PY'
-import glob, json, os, sys
-runs = {}  # (format, model, rows, spread) -> {"0": [tflops per round], "1": [...]}
-for p in sorted(glob.glob(os.path.join(sys.argv[1], "bench_*.json"))):
-    v9 = os.path.basename(p).split("_")[2][1:]
-    for r in json.load(open(p)):
-        if r["gemm"] != "gemm2":
-            continue
-        key = (r.get("format"), r["model"], r["rows_per_expert"], r.get("rows_spread", "exact"))
-        runs.setdefault(key, {}).setdefault(v9, []).append(r["tflops"])
-print("%-6s %-10s %5s %-11s | %10s %10s | %7s  (rounds v9/default)" % (
-    "format", "model", "rows", "spread", "default_TF", "v9_TF", "v9/def"))
-for key, v in sorted(runs.items()):
-    d, n = max(v.get("0", [float("nan")])), max(v.get("1", [float("nan")]))
-    rounds = " ".join("%.3f" % (b / a) for a, b in zip(v.get("0", []), v.get("1", [])))
-    print("%-6s %-10s %5d %-11s | %10.0f %10.0f | %7.3f  (%s)" % (key[0], key[1], key[2], key[3], d, n, n / d, rounds))
-print("GEMM 2, 32 experts, best of 2 rounds (median of 10 launches each, L2 flushed); v9/def = v9 TFLOP/s / default "
-      "TFLOP/s (> 1: v9 faster); multinomial rows = mean rows per expert")
-PY
+python3 "$(dirname "$0")/bench_variant_table.py" "$logs" v9

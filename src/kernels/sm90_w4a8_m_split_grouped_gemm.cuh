@@ -53,16 +53,19 @@ constexpr int kW4a8MSplitSubTiles = 2;  // 64-row sub-tiles per math warpgroup
 constexpr uint32_t kW4a8MSplitDecodeBarrier = kW4a8DecodeBarrier;
 
 // The names W4a8GemmShared, produce_w4a8_tile, produce_w4a8_scales and run_w4a8_producer_warpgroup read (as
-// W4a8GemmLayout), for the 256 x 128 tile.
-template <int kStages, Fp4Format kFormat>
-struct W4a8MSplitLayout {
-  static constexpr int kSubTiles = kW4a8MSplitSubTiles;
+// W4a8GemmLayout), for a kBlockM x 128 tile whose ONE decoded 128 x 128 B tile (double-buffered) both math
+// warpgroups read: v9 (256 x 128, M-split, no staging) and v10 (128 x 128, sm90_w4a8_v10_grouped_gemm.cuh, with
+// the BF16 staging rows of wide_bf16_epilogue: kStagingRowsPerWarp rows of kStagingPitch bytes per math warp, at
+// kExchangeOffset = W4a8GemmShared::bf16_staging). With kStagingRowsPerWarp = 0 the offsets are v9's as before.
+template <int kBlockMValue, int kStages, Fp4Format kFormat, int kStagingRowsPerWarpValue>
+struct W4a8SharedDecodeLayout {
+  static constexpr int kSubTiles = kBlockMValue / (64 * kMathWarpgroups);  // 64-row sub-tiles per math warpgroup
   static constexpr int kStageCount = kStages;
-  static constexpr int kBlockN = kW4a8MSplitBlockN;
+  static constexpr int kBlockN = 128;
   static constexpr bool kScalesInShared = false;
   static constexpr bool kW4a8SharedScales = true;
   static constexpr Fp4Format kFp4Format = kFormat;
-  static constexpr int kBlockM = kW4a8MSplitBlockM;
+  static constexpr int kBlockM = kBlockMValue;
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kFp4Bytes = kBlockN * kW4a8Fp4RowBytes;
   static constexpr int kScaleBytes = kBlockN * Fp4Traits<kFormat>::kScaleBytesPerRow;
@@ -71,12 +74,16 @@ struct W4a8MSplitLayout {
   static constexpr int kAOffset = kDecodedOffset + 2 * kDecodedBytes;
   static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
   static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
-  static constexpr int kExchangeOffset = kScaleOffset + kStages * kScaleBytes;  // no exchange / staging region
+  static constexpr int kExchangeOffset = kScaleOffset + kStages * kScaleBytes;  // BF16 staging (v10), no exchange
+  // BF16 staging of wide_bf16_epilogue (v10): row pitch kBlockN BF16 + 16 B (words = 4 mod 32, WideFp8Layout's).
+  static constexpr int kStagingRowsPerWarp = kStagingRowsPerWarpValue;
+  static constexpr int kStagingPitch = kBlockN * 2 + 16;
+  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingRowsPerWarp * kStagingPitch;
   // Scale ring: per stage kBlockM A scales (0 past the expert's end), then the tile's {factor, p} at [kBlockM].
   static constexpr int kScaleRecords = kBlockN / 128;
   static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
   static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
-  static constexpr int kScaleRingOffset = kExchangeOffset;
+  static constexpr int kScaleRingOffset = kExchangeOffset + kStagingBytes;
   static constexpr int kScaleRingBytes = (kStages * kScaleSlotWords * 4 + 15) / 16 * 16;
   static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
@@ -84,9 +91,16 @@ struct W4a8MSplitLayout {
     return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
   }
   static_assert(kScaleRecords == 1, "one 128 x 128 weight block per tile and k-block");
+  static_assert(kBlockM % (64 * kMathWarpgroups) == 0, "whole 64-row sub-tiles per math warpgroup");
   static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
                 "stage alignment");
+  static_assert(kExchangeOffset % 16 == 0 && kStagingPitch % 16 == 0, "bulk copies read 16-byte aligned staging rows");
 };
+
+// v9's layout: 256 x 128, no staging.
+template <int kStages, Fp4Format kFormat>
+using W4a8MSplitLayout = W4a8SharedDecodeLayout<kW4a8MSplitBlockM, kStages, kFormat, 0>;
+static_assert(W4a8MSplitLayout<4, Fp4Format::kNvfp4>::kSubTiles == kW4a8MSplitSubTiles, "v9: two sub-tiles");
 
 // Math warpgroup `math_wg` (tile rows 128 math_wg ..), one tile: decode (its half of the shared 128 x 128 weight
 // tile) + wgmma + promotion over k_blocks, in the order of the header comment. where: the warpgroup's rows

@@ -580,57 +580,53 @@ TEST(GroupedGemmW4a8, DecodeV8MatchesOldBitForBit) {
   expect_decoder_matches_old(2);
 }
 
-// W4A8 v9 (kernels::set_w4a8_v9, MEGAMOE_W4A8_V9): the 256 x 128 M-split kernel against the default BF16-out
-// kernels (128 x 256 / 64 x 256 tiles) on the same inputs, byte for byte, pad rows and rows of no expert poisoned in
-// both; experts of 0, 1, 40-1000 rows (rows not multiples of 256, experts of <= 128 rows: the second math warpgroup
-// has no row; a buffer of 50 rows, less than one A box), K up to 7168, N 7168 (dsv3 GEMM 2) and 2048, both formats,
-// every decoder the kernels select (old, v8, auto), scales perturbed into the decoders' fallbacks; rows hints 0
-// (unknown) and 1024 (v9 runs) against the default at the same hint.
-struct ScopedV9 {
-  int saved = kernels::w4a8_v9();
-  ~ScopedV9() { kernels::set_w4a8_v9(saved); }
+// A BF16-out kernel variant switched by a process-wide override (kernels::set_w4a8_v9 / set_w4a8_v10) restores it.
+struct ScopedSwitch {
+  int (*get)();
+  void (*set)(int);
+  int saved;
+  ScopedSwitch(int (*get_fn)(), void (*set_fn)(int)) : get(get_fn), set(set_fn), saved(get_fn()) {}
+  ~ScopedSwitch() { set(saved); }
 };
 
-TEST(GroupedGemmW4a8, MSplitV9MatchesDefaultBitForBit) {
-  MEGAMOE_REQUIRE_GPUS(1);
+struct VariantCase {
+  std::vector<int> counts;
+  int n, k;
+  bool exact;
+};
+
+// A BF16-out variant (set_variant(1)) against the default kernels (set_variant(0)) on the same inputs, byte for byte,
+// pad rows and rows of no expert poisoned in both: every case x format x decoder the kernels select (old, v8, auto)
+// x rows hint, scales perturbed into the decoders' fallbacks. The large shapes take the exact-input generator
+// (random codes and scale bytes, ternary activations: no host quantization of n x k floats per expert); the
+// perturbation applies to both. Returns the launch pairs compared.
+int expect_variant_matches_default(void (*set_variant)(int), const std::vector<VariantCase>& cases,
+                                   const std::vector<int>& hints, uint64_t seed) {
   const ScopedDecoder restore_decoder;
-  const ScopedV9 restore_v9;
-  // The large shapes take the exact-input generator (random codes and scale bytes, ternary activations: no host
-  // quantization of n x k floats per expert); the scale perturbation below applies to both.
-  struct Case {
-    std::vector<int> counts;
-    int n, k;
-    bool exact;
-  };
-  const Case cases[] = {
-      {{0, 1, 63, 300, 128, 129, 256, 257, 511, 0, 1000}, 256, 512, false},
-      {{1, 0, 40}, 256, 256, false},  // m_capacity 50 < one 256-row A box (TMA zero fill past the tensor)
-      {{300, 1, 0, 63, 257}, 7168, 2048, true},
-      {{129, 0, 300, 1, 64}, 2048, 7168, true},
-  };
-  uint64_t seed = 1601;
   int compared = 0;
   for (WeightFormat f : kFormats) {
-    for (const Case& c : cases) {
+    for (const VariantCase& c : cases) {
       W4a8Problem p = make_problem(f, c.counts, c.n, c.k, ++seed, c.exact, false);
       perturb_scales(p, seed);
       const PackedDevice w = pack(p, kernels::GemmRole::kDown);
       for (int decoder : {0, 2, 3}) {
         kernels::set_w4a8_decode(decoder);
-        for (int hint : {0, 1024}) {
+        for (int hint : hints) {
           SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint));
-          kernels::set_w4a8_v9(0);
+          set_variant(0);
           const std::vector<uint8_t> default_out = run_raw(p, w, false, hint);
-          kernels::set_w4a8_v9(1);
-          const std::vector<uint8_t> v9_out = run_raw(p, w, false, hint);
-          ASSERT_EQ(default_out.size(), v9_out.size());
+          set_variant(1);
+          const std::vector<uint8_t> variant_out = run_raw(p, w, false, hint);
+          set_variant(0);
+          EXPECT_EQ(default_out.size(), variant_out.size());
+          if (default_out.size() != variant_out.size()) continue;
           int64_t differ = 0, first = -1, unpoisoned = 0;
-          for (size_t i = 0; i < v9_out.size(); ++i)
-            if (default_out[i] != v9_out[i] && differ++ == 0) first = static_cast<int64_t>(i);
+          for (size_t i = 0; i < variant_out.size(); ++i)
+            if (default_out[i] != variant_out[i] && differ++ == 0) first = static_cast<int64_t>(i);
           const size_t row_bytes = static_cast<size_t>(p.n) * 2;
           for (int64_t r = 0; r < p.capacity; ++r)
             if (expert_of_row(p, r) < 0)
-              for (size_t i = 0; i < row_bytes; ++i) unpoisoned += v9_out[r * row_bytes + i] != 0xFF;
+              for (size_t i = 0; i < row_bytes; ++i) unpoisoned += variant_out[r * row_bytes + i] != 0xFF;
           EXPECT_EQ(differ, 0) << "first differing byte " << first << " (row "
                                << first / static_cast<int64_t>(row_bytes) << ")";
           EXPECT_EQ(unpoisoned, 0) << "bytes written in rows of no expert";
@@ -639,6 +635,25 @@ TEST(GroupedGemmW4a8, MSplitV9MatchesDefaultBitForBit) {
       }
     }
   }
+  return compared;
+}
+
+// W4A8 v9 (kernels::set_w4a8_v9, MEGAMOE_W4A8_V9): the 256 x 128 M-split kernel against the default BF16-out
+// kernels (128 x 256 / 64 x 256 tiles): experts of 0, 1, 40-1000 rows (rows not multiples of 256, experts of <= 128
+// rows: the second math warpgroup has no row; a buffer of 50 rows, less than one A box), K up to 7168, N 7168 (dsv3
+// GEMM 2) and 2048; rows hints 0 (unknown) and 1024 (v9 runs) against the default at the same hint.
+TEST(GroupedGemmW4a8, MSplitV9MatchesDefaultBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  const ScopedSwitch restore_v9(kernels::w4a8_v9, kernels::set_w4a8_v9);
+  kernels::set_w4a8_v10(0);
+  const std::vector<VariantCase> cases = {
+      {{0, 1, 63, 300, 128, 129, 256, 257, 511, 0, 1000}, 256, 512, false},
+      {{1, 0, 40}, 256, 256, false},  // m_capacity 50 < one 256-row A box (TMA zero fill past the tensor)
+      {{300, 1, 0, 63, 257}, 7168, 2048, true},
+      {{129, 0, 300, 1, 64}, 2048, 7168, true},
+  };
+  const int compared = expect_variant_matches_default(kernels::set_w4a8_v9, cases, {0, 1024}, 1601);
   std::printf("w4a8 v9 vs default: %d launch pairs compared\n", compared);
 }
 
@@ -646,12 +661,50 @@ TEST(GroupedGemmW4a8, MSplitV9MatchesDefaultBitForBit) {
 // above), pinned on whatever MEGAMOE_W4A8_V9 says; GEMM 2 and plain entry points.
 TEST(GroupedGemmW4a8, MSplitV9AgainstReference) {
   MEGAMOE_REQUIRE_GPUS(1);
-  const ScopedV9 restore_v9;
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  const ScopedSwitch restore_v9(kernels::w4a8_v9, kernels::set_w4a8_v9);
+  kernels::set_w4a8_v10(0);
   kernels::set_w4a8_v9(1);
   for (WeightFormat f : kFormats) {
     run_plain(f, {0, 1, 130, 63, 300, 64, 257}, 512, 512, 1611, 1024, false, false);
     run_plain(f, {100, 0, 129, 260}, 256, 2048, 1612, 0, false, true);
     run_plain(f, {3, 0, 128, 277}, 256, 1024, 1613, 256, true, true);
+  }
+}
+
+// W4A8 v10 (kernels::set_w4a8_v10, MEGAMOE_W4A8_V10): the 128 x 128 v11-skeleton kernel against the default BF16-out
+// kernels: experts of 0, 1, 63, 64, 65, 127, 128, 129, 300, 1000 rows (tiles whose second math warpgroup has no row:
+// 1, 63, 64, 129, ...; a buffer of 50 rows, less than one 128-row A box), K up to 7168, N 7168 (dsv3 GEMM 2), 2048
+// and 256; rows hints 0 (unknown), 65 (the smallest v10 takes) and 1024, against the default at the same hint. v9
+// off in both runs (v10 wins over v9 anyway).
+TEST(GroupedGemmW4a8, W4a8V10MatchesDefaultBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  const ScopedSwitch restore_v9(kernels::w4a8_v9, kernels::set_w4a8_v9);
+  kernels::set_w4a8_v9(0);
+  const std::vector<VariantCase> cases = {
+      {{0, 1, 63, 64, 65, 127, 128, 129, 300, 0, 1000}, 256, 512, false},
+      {{1, 0, 40}, 256, 256, false},  // m_capacity 50 < one 128-row A box (TMA zero fill past the tensor)
+      {{300, 1, 0, 63, 129, 64}, 7168, 2048, true},
+      {{129, 0, 300, 1, 65, 127}, 2048, 7168, true},
+  };
+  const int compared = expect_variant_matches_default(kernels::set_w4a8_v10, cases, {0, 65, 1024}, 1701);
+  std::printf("w4a8 v10 vs default: %d launch pairs compared\n", compared);
+}
+
+// v10 against the fp64 reference directly (random bounds and bit-exact representable inputs), pinned on (and v9
+// set too: v10 must win); GEMM 2 and plain entry points.
+TEST(GroupedGemmW4a8, W4a8V10AgainstReference) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  const ScopedSwitch restore_v9(kernels::w4a8_v9, kernels::set_w4a8_v9);
+  kernels::set_w4a8_v9(1);
+  kernels::set_w4a8_v10(1);
+  for (WeightFormat f : kFormats) {
+    run_plain(f, {0, 1, 130, 63, 300, 64, 65, 257}, 512, 512, 1711, 1024, false, false);
+    run_plain(f, {100, 0, 129, 260}, 256, 2048, 1712, 0, false, true);
+    run_plain(f, {3, 0, 128, 277}, 256, 1024, 1713, 128, true, true);
+    run_plain(f, {2, 127, 0, 300}, 256, 7168, 1714, 0, true, false);
   }
 }
 
