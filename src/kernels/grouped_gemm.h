@@ -347,8 +347,9 @@ void set_w4a8_v9(int enabled);
 
 // W4A8 v10: the BF16-out W4A8 GEMMs at rows hints > 64 or unknown run the 128 x 128 kernel on v11's skeleton
 // (sm90_w4a8_v10_grouped_gemm.cuh; one wgmma group per math warpgroup and k-block; the same BF16 bytes as the
-// default kernels). MEGAMOE_W4A8_V10 = "0" (default) | "1" (anything else: megamoe::Error), read once per process;
-// set_w4a8_v10(0 | 1) overrides it (same-process A/B, tests). With v9 also on, v10 wins.
+// default kernels). MEGAMOE_W4A8_V10 = "0" (default) | "1" (decoded-tile handoff by a 256-thread named barrier) |
+// "2" (by mbarriers) (anything else: megamoe::Error), read once per process; set_w4a8_v10(0 | 1 | 2) overrides it
+// (same-process A/B, tests). With v9 also on, v10 wins.
 int w4a8_v10();
 void set_w4a8_v10(int enabled);
 

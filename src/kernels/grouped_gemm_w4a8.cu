@@ -80,33 +80,37 @@ void launch_m_split(const uint8_t* a, const uint8_t* weight_data, const W4a8Gemm
 }
 
 // W4A8 v10: the 128 x 128 v11-skeleton kernel (BF16 out only; docs/grouped_gemm.md "W4A8 v10").
-template <Fp4Format kFormat>
+// kHandoff (MEGAMOE_W4A8_V10=2): the mbarrier handoff of the decoded tile instead of the named barrier.
+template <Fp4Format kFormat, bool kHandoff>
 void launch_v10(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
-  constexpr int kStages = max_stages<sm90::W4a8V10Layout<1, kFormat>>();
+  constexpr int kStages = max_stages<sm90::W4a8V10Layout<1, kFormat, kHandoff>>();
   static_assert(kStages == sm90::kW4a8V10Stages, "the shared-memory budget in sm90_w4a8_v10_grouped_gemm.cuh's NOTES");
-  launch_kernel<sm90::W4a8V10Layout<kStages, kFormat>>(&sm90::sm90_w4a8_v10_grouped_gemm_kernel<kStages, kFormat>,
-                                                        sm90::kThreadsPerCta, a, weight_data, params, stream);
+  launch_kernel<sm90::W4a8V10Layout<kStages, kFormat, kHandoff>>(
+      &sm90::sm90_w4a8_v10_grouped_gemm_kernel<kStages, kFormat, kHandoff>, sm90::kThreadsPerCta, a, weight_data,
+      params, stream);
 }
 
-// -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V10).
+// -1: not read yet; else 0, 1 or 2 (MEGAMOE_W4A8_V10).
 std::atomic<int> g_w4a8_v10{-1};
 
-// The v10 kernel takes a BF16-out launch when enabled (w4a8_v10), the rows hint is unknown (<= 0) or above one
+// The v10 kernel takes a BF16-out launch when enabled (w4a8_v10: 1 named-barrier handoff, 2 mbarrier handoff), the rows hint is unknown (<= 0) or above one
 // 64-row tile (hints <= 64 keep the default's 64-row tiles, whose choice choose_w4a8_sub_tiles makes), and n
 // splits into 128-row tiles. It is checked before v9: with both set, v10 wins.
 bool use_v10_kernel(int rows_hint, int n) {
-  return w4a8_v10() == 1 && (rows_hint <= 0 || rows_hint > 64) && n % sm90::kW4a8V10BlockN == 0;
+  return w4a8_v10() != 0 && (rows_hint <= 0 || rows_hint > 64) && n % sm90::kW4a8V10BlockN == 0;
 }
 
-// A 0 / 1 switch read once per process from the environment variable `name` ("" or "0": 0, "1": 1, anything else a
-// megamoe::Error) unless an override (set_w4a8_v9 / set_w4a8_v10) stored a value first. -1 in `cell`: not read yet.
-int read_switch_once(std::atomic<int>& cell, const char* name) {
+// A switch 0 .. max_value read once per process from the environment variable `name` ("" or a digit "0" .. max_value,
+// anything else a megamoe::Error) unless an override (set_w4a8_v9 / set_w4a8_v10) stored a value first. -1 in
+// `cell`: not read yet.
+int read_switch_once(std::atomic<int>& cell, const char* name, int max_value) {  // max_value: 1 or 2
   int value = cell.load(std::memory_order_relaxed);
   if (value < 0) {
     const char* env = std::getenv(name);
     const std::string text = env ? env : "";
-    MEGAMOE_CHECK(text.empty() || text == "0" || text == "1", name, " = '", text, "' must be 0 or 1");
-    value = text == "1" ? 1 : 0;
+    const bool digit = text.size() == 1 && text[0] >= '0' && text[0] <= '0' + max_value;
+    MEGAMOE_CHECK(text.empty() || digit, name, " = '", text, "' must be ", max_value == 1 ? "0 or 1" : "0, 1 or 2");
+    value = digit ? text[0] - '0' : 0;
     int expected = -1;
     if (!cell.compare_exchange_strong(expected, value)) value = expected;  // an override won
   }
@@ -201,8 +205,14 @@ void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w,
   detail::check_grouped_gemm_pointer(out, "out");
   const W4a8GemmParams params = base_params(a_scales, w, offsets, out, m_capacity, num_experts, n, k);
   if (use_v10_kernel(rows_hint, n)) {
-    if (w.format == WeightFormat::kNvfp4) launch_v10<Fp4Format::kNvfp4>(a, w.data, params, stream);
-    else launch_v10<Fp4Format::kMxfp4>(a, w.data, params, stream);
+    const bool nvfp4 = w.format == WeightFormat::kNvfp4;
+    if (w4a8_v10() == 2) {
+      if (nvfp4) launch_v10<Fp4Format::kNvfp4, true>(a, w.data, params, stream);
+      else launch_v10<Fp4Format::kMxfp4, true>(a, w.data, params, stream);
+    } else {
+      if (nvfp4) launch_v10<Fp4Format::kNvfp4, false>(a, w.data, params, stream);
+      else launch_v10<Fp4Format::kMxfp4, false>(a, w.data, params, stream);
+    }
     return;
   }
   if (use_m_split_kernel(rows_hint, n)) {
@@ -235,17 +245,17 @@ void set_w4a8_decode(int decoder) {
   g_w4a8_decode.store(decoder);
 }
 
-int w4a8_v9() { return read_switch_once(g_w4a8_v9, "MEGAMOE_W4A8_V9"); }
+int w4a8_v9() { return read_switch_once(g_w4a8_v9, "MEGAMOE_W4A8_V9", 1); }
 
 void set_w4a8_v9(int enabled) {
   MEGAMOE_CHECK(enabled == 0 || enabled == 1, "W4A8 v9 switch ", enabled, " must be 0 or 1");
   g_w4a8_v9.store(enabled);
 }
 
-int w4a8_v10() { return read_switch_once(g_w4a8_v10, "MEGAMOE_W4A8_V10"); }
+int w4a8_v10() { return read_switch_once(g_w4a8_v10, "MEGAMOE_W4A8_V10", 2); }
 
 void set_w4a8_v10(int enabled) {
-  MEGAMOE_CHECK(enabled == 0 || enabled == 1, "W4A8 v10 switch ", enabled, " must be 0 or 1");
+  MEGAMOE_CHECK(enabled >= 0 && enabled <= 2, "W4A8 v10 switch ", enabled, " must be 0, 1 or 2");
   g_w4a8_v10.store(enabled);
 }
 

@@ -56,8 +56,10 @@ constexpr uint32_t kW4a8MSplitDecodeBarrier = kW4a8DecodeBarrier;
 // W4a8GemmLayout), for a kBlockM x 128 tile whose ONE decoded 128 x 128 B tile (double-buffered) both math
 // warpgroups read: v9 (256 x 128, M-split, no staging) and v10 (128 x 128, sm90_w4a8_v10_grouped_gemm.cuh, with
 // the BF16 staging rows of wide_bf16_epilogue: kStagingRowsPerWarp rows of kStagingPitch bytes per math warp, at
-// kExchangeOffset = W4a8GemmShared::bf16_staging). With kStagingRowsPerWarp = 0 the offsets are v9's as before.
-template <int kBlockMValue, int kStages, Fp4Format kFormat, int kStagingRowsPerWarpValue>
+// kExchangeOffset = W4a8GemmShared::bf16_staging). kHandoffBarrierCount: further mbarriers after the ring's (v10's
+// mbarrier handoff: decoded[2], consumed[2] at full + 2 kStages). With kStagingRowsPerWarp = 0 and no handoff
+// barriers the offsets are v9's as before.
+template <int kBlockMValue, int kStages, Fp4Format kFormat, int kStagingRowsPerWarpValue, int kHandoffBarrierCount = 0>
 struct W4a8SharedDecodeLayout {
   static constexpr int kSubTiles = kBlockMValue / (64 * kMathWarpgroups);  // 64-row sub-tiles per math warpgroup
   static constexpr int kStageCount = kStages;
@@ -86,7 +88,8 @@ struct W4a8SharedDecodeLayout {
   static constexpr int kScaleRingOffset = kExchangeOffset + kStagingBytes;
   static constexpr int kScaleRingBytes = (kStages * kScaleSlotWords * 4 + 15) / 16 * 16;
   static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
-  static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int kHandoffBarriers = kHandoffBarrierCount;
+  static constexpr int kTableOffset = kBarrierOffset + (2 * kStages + kHandoffBarriers) * 8;
   static constexpr int shared_bytes(int num_experts) {
     return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
   }

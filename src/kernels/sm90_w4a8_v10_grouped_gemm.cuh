@@ -21,14 +21,22 @@
 // Epilogue: wide_bf16_epilogue (v11's: per-warp staging rows, one 1-D bulk copy per valid row).
 //
 // NOTES:
-// - Handoff of a decoded buffer: a named barrier over the 256 math threads (kW4a8V10DecodeBarrier), every thread
-//   fencing its own st.shared with fence.proxy.async before it. Considered instead: each warpgroup decodes half
-//   the rows and arrives on a per-buffer `decoded` mbarrier (count 256) + a `consumed` mbarrier per buffer, so a
-//   warpgroup would not wait for the other's promotion. Not taken for the first version: the two warpgroups run
-//   the same instruction stream on the same k-blocks (one `full` wait each, same decode volume), so the lockstep
-//   costs little, and mbarrier waits are try_wait loops with their own latency; the barrier is the v9 form whose
-//   correctness argument (below) carries over. A v10b can try the mbarrier pair if ncu shows barrier stalls.
-// - Buffer reuse: the decoded buffer b written for k-block j+1 (CTA-running count j, across tiles) was last read
+// - Handoff of a decoded buffer (MEGAMOE_W4A8_V10=1, kHandoff = false): a named barrier over the 256 math threads
+//   (kW4a8V10DecodeBarrier), every thread fencing its own st.shared with fence.proxy.async before it: the v9 form.
+//   It locks the two warpgroups together: both wait for their wgmma at the same time and promote at the same time,
+//   so the tensor pipe idles for the promotion + barrier tail of every k-block.
+// - kHandoff (MEGAMOE_W4A8_V10=2): mbarriers instead, decoded[b] and consumed[b] per buffer b, 8 arrivals each
+//   (lane 0 of every math warp). k-block j (CTA-running count) uses buffer j & 1 for the (j >> 1)-th time. A warp
+//   decodes j after waiting consumed[j & 1] for use (j >> 1) - 1 (every warp retired wgmma(j - 2); a fresh barrier
+//   passes the wait for use -1), then fence.proxy.async per thread, __syncwarp, lane 0 arrives on decoded[j & 1].
+//   Before wgmma(j) every thread waits decoded[j & 1] for use j >> 1; after its wgmma_wait(j) lane 0 arrives on
+//   consumed[j & 1] (with the `empty` arrival). A warpgroup may then issue wgmma(j + 1) while the other still
+//   promotes j (v11's natural overlap), at most about one k-block apart. Parity waits are unambiguous: when a warp
+//   waits for consumed use u - 1 the barrier cannot be past use u (that needs this warp's decode of use u first) and
+//   is past use u - 2 (this warp's own wgmma(j - 2) needed decoded(j - 2), which needed every warp's wait for use
+//   u - 2); likewise for decoded. No cycle: each wait needs only events of earlier k-blocks.
+//   Considered and not taken: 256 arrivals per mbarrier (one per thread) instead of __syncwarp + lane 0.
+// - Buffer reuse (named barrier): the decoded buffer b written for k-block j+1 (CTA-running count j, across tiles) was last read
 //   by the wgmmas of j-1 of BOTH warpgroups; each math thread waited for its own (wgmma_wait<0>) before it arrived
 //   at the barrier of j, so after that barrier none still reads it. The buffer parity runs across tiles (the
 //   first decode of a tile follows the barrier of the previous tile's last k-block), so no tile-start barrier.
@@ -69,44 +77,61 @@ constexpr int kW4a8V10Stages = 6;
 // The CTA-wide decode barrier of the 256 math threads (the standalone kernels' id 2 = kW4a8DecodeBarrier).
 constexpr uint32_t kW4a8V10DecodeBarrier = kW4a8DecodeBarrier;
 
-template <int kStages, Fp4Format kFormat>
-using W4a8V10Layout = W4a8SharedDecodeLayout<kW4a8V10BlockM, kStages, kFormat, 8>;
+// kHandoff (MEGAMOE_W4A8_V10=2): the decoded-tile handoff through mbarriers instead of the 256-thread named barrier
+// (NOTES "Handoff"): decoded[b] at full + 2 kStages + b, consumed[b] at + 2 + b, 8 arrivals each (lane 0 of every
+// math warp).
+template <int kStages, Fp4Format kFormat, bool kHandoff = false>
+using W4a8V10Layout = W4a8SharedDecodeLayout<kW4a8V10BlockM, kStages, kFormat, 8, kHandoff ? 4 : 0>;
+constexpr uint32_t kW4a8V10HandoffArrivals = kMathWarpgroups * 4;
 
 // One tile of math warpgroup `math_wg` (zeroes `accumulator`): decode (half the shared 128 x 128 weight tile) +
 // one wgmma group + promotion per k-block, in the order of the header comment.
 // math_thread: 0..255 over both math warpgroups. scale_row: this thread's first fragment row
 // in the tile (its second is + 8). a_descriptor0 / b_descriptor0: descriptor start-address words of this
-// warpgroup's A rows in stage 0 and of decoded buffer 0 (uniform). stage / phase / buffer: the ring cursor and the
-// decoded-buffer parity of the next k-block (uniform, carried across tiles).
-template <class Layout>
+// warpgroup's A rows in stage 0 and of decoded buffer 0 (uniform). stage / phase: the ring cursor; count: the
+// CTA-running k-block count (uniform, carried across tiles): k-block j uses decoded buffer j & 1, its (j >> 1)-th use.
+// kHandoff: the mbarrier handoff (NOTES "Handoff"; handoff = full + 2 kStages: decoded[2], consumed[2]).
+template <class Layout, bool kHandoff>
 __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64], float (&partial)[64],
                                                        const W4a8GemmShared<Layout>& smem, int k_blocks,
                                                        int math_thread, int scale_row, uint32_t a_descriptor0,
                                                        uint32_t b_descriptor0, int& stage, uint32_t& phase,
-                                                       uint32_t& buffer, int decoder) {
+                                                       uint32_t& count, int decoder) {
   constexpr int kStages = Layout::kStageCount;
   constexpr int kSlotWords = Layout::kScaleSlotWords;
   const int lane = threadIdx.x % 32;
   const uint32_t* const ring = smem.scale_ring;
-  // Two threads per weight row: math thread t decodes logical chunks 2 (t & 1), +1 of row t / 2.
-  const auto decode = [&](int s, uint32_t b) {
+  uint64_t* const decoded_ready = smem.full + 2 * kStages;  // kHandoff only
+  uint64_t* const consumed = decoded_ready + 2;
+  // Two threads per weight row: math thread t decodes logical chunks 2 (t & 1), +1 of row t / 2. k-block j (running
+  // count) into buffer j & 1. kHandoff: first wait until every math warp retired the wgmma of that buffer's previous
+  // use (j - 2; parity ((j >> 1) - 1) & 1, which a fresh barrier passes for j < 2), then publish with lane 0's
+  // arrival on decoded[j & 1] after the warp's fences.
+  const auto decode = [&](int s, uint32_t j) {
+    if constexpr (kHandoff) barrier_wait(&consumed[j & 1], ((j >> 1) & 1) ^ 1);
     decode_fp4_half_row_select<Layout::kFp4Format>(
         decoder, smem.fp4_tiles + s * Layout::kFp4Bytes, smem.scale_tiles + s * Layout::kScaleBytes,
-        smem.decoded + b * Layout::kDecodedBytes, math_thread / 2, 2 * (math_thread & 1),
+        smem.decoded + (j & 1) * Layout::kDecodedBytes, math_thread / 2, 2 * (math_thread & 1),
         static_cast<int>(ring[s * kSlotWords + Layout::kBlockM + 1]));
     fence_proxy_async_shared();
+    if constexpr (kHandoff) {
+      __syncwarp();
+      if (lane == 0) barrier_arrive(&decoded_ready[j & 1]);
+    }
   };
 #pragma unroll
   for (int i = 0; i < 64; ++i) accumulator[i] = 0.0f;
   barrier_wait(&smem.full[stage], phase);
-  decode(stage, buffer);
+  decode(stage, count);
 #pragma unroll 1
   for (int kb = 0; kb < k_blocks; ++kb) {
     // Stage kb's `full` was waited for before its decode: its scale slot is readable.
     const uint32_t* const slot = ring + stage * kSlotWords;
     const float factor = __uint_as_float(slot[Layout::kBlockM]);
     const float scale_a0 = __uint_as_float(slot[scale_row]), scale_a1 = __uint_as_float(slot[scale_row + 8]);
-    named_barrier_sync(kW4a8V10DecodeBarrier, 256);  // every row of decoded kb is written and fenced
+    const uint32_t buffer = count & 1u;
+    if constexpr (kHandoff) barrier_wait(&decoded_ready[buffer], (count >> 1) & 1u);  // all 8 warps decoded it
+    else named_barrier_sync(kW4a8V10DecodeBarrier, 256);  // every row of decoded kb is written and fenced
     const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
     const uint32_t b_low = b_descriptor0 + buffer * (Layout::kDecodedBytes >> 4);
 #pragma unroll
@@ -119,26 +144,29 @@ __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64],
     wgmma_commit();
     const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
     const uint32_t next_phase = next_stage == 0 ? phase ^ 1u : phase;
-    buffer ^= 1u;
     if (kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
       barrier_wait(&smem.full[next_stage], next_phase);
-      decode(next_stage, buffer);
+      decode(next_stage, count + 1);
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-    if (lane == 0) barrier_arrive(&smem.empty[stage]);
+    if (lane == 0) {
+      if constexpr (kHandoff) barrier_arrive(&consumed[buffer]);  // this warp's wgmma of buffer retired
+      barrier_arrive(&smem.empty[stage]);
+    }
+    ++count;
     stage = next_stage;
     phase = next_phase;
     w4a8_promote_m64n128(accumulator, partial, scale_a0 * factor, scale_a1 * factor);
   }
 }
 
-template <int kStages, Fp4Format kFormat>
+template <int kStages, Fp4Format kFormat, bool kHandoff>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_w4a8_v10_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                       const __grid_constant__ CUtensorMap b_map, const W4a8GemmParams params) {
-  using Layout = W4a8V10Layout<kStages, kFormat>;
+  using Layout = W4a8V10Layout<kStages, kFormat, kHandoff>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
   // 40 (producer thread, scale warp) / 232 (math), as v11's cluster kernel: at 24 / 240 (v11's, the 128-row
@@ -154,6 +182,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  if constexpr (kHandoff) {  // before start_w4a8_kernel's __syncthreads, which orders them before any use
+    if (threadIdx.x == 0) {
+      for (int b = 0; b < Layout::kHandoffBarriers; ++b) barrier_init(smem.full + 2 * kStages + b, kW4a8V10HandoffArrivals);
+      barrier_init_fence();
+    }
+  }
   start_w4a8_kernel(smem, table, &a_map, &b_map, params);
 
   const int k_blocks = params.k / kBlockK;
@@ -182,7 +216,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
 
   int stage = 0;
-  uint32_t phase = 0, buffer = 0;
+  uint32_t phase = 0, count = 0;
   int expert = 0;
   float accumulator[64];
   float partial[64];
@@ -193,8 +227,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const int n0 = __shfl_sync(0xffffffffu, t.n_tile, 0) * kBlockN;
     expert = __shfl_sync(0xffffffffu, expert, 0);
     const bool active = m_end - m0 > 64 * math_wg;
-    w4a8_v10_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, math_thread, scale_row, a_descriptor0,
-                                   b_descriptor0, stage, phase, buffer, params.decoder);
+    w4a8_v10_tile_mainloop<Layout, kHandoff>(accumulator, partial, smem, k_blocks, math_thread, scale_row,
+                                             a_descriptor0, b_descriptor0, stage, phase, count, params.decoder);
     if (active)
       wide_bf16_epilogue<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, out + n0,
                                  params.n, kBlockN * 2u);

@@ -676,35 +676,50 @@ TEST(GroupedGemmW4a8, MSplitV9AgainstReference) {
 // kernels: experts of 0, 1, 63, 64, 65, 127, 128, 129, 300, 1000 rows (tiles whose second math warpgroup has no row:
 // 1, 63, 64, 129, ...; a buffer of 50 rows, less than one 128-row A box), K up to 7168, N 7168 (dsv3 GEMM 2), 2048
 // and 256; rows hints 0 (unknown), 65 (the smallest v10 takes) and 1024, against the default at the same hint. v9
-// off in both runs (v10 wins over v9 anyway).
+// off in both runs (v10 wins over v9 anyway). 72 launch pairs.
+const std::vector<VariantCase> kV10Cases = {
+    {{0, 1, 63, 64, 65, 127, 128, 129, 300, 0, 1000}, 256, 512, false},
+    {{1, 0, 40}, 256, 256, false},  // m_capacity 50 < one 128-row A box (TMA zero fill past the tensor)
+    {{300, 1, 0, 63, 129, 64}, 7168, 2048, true},
+    {{129, 0, 300, 1, 65, 127}, 2048, 7168, true},
+};
+
 TEST(GroupedGemmW4a8, W4a8V10MatchesDefaultBitForBit) {
   MEGAMOE_REQUIRE_GPUS(1);
   const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
   const ScopedSwitch restore_v9(kernels::w4a8_v9, kernels::set_w4a8_v9);
   kernels::set_w4a8_v9(0);
-  const std::vector<VariantCase> cases = {
-      {{0, 1, 63, 64, 65, 127, 128, 129, 300, 0, 1000}, 256, 512, false},
-      {{1, 0, 40}, 256, 256, false},  // m_capacity 50 < one 128-row A box (TMA zero fill past the tensor)
-      {{300, 1, 0, 63, 129, 64}, 7168, 2048, true},
-      {{129, 0, 300, 1, 65, 127}, 2048, 7168, true},
-  };
-  const int compared = expect_variant_matches_default(kernels::set_w4a8_v10, cases, {0, 65, 1024}, 1701);
+  const int compared = expect_variant_matches_default(kernels::set_w4a8_v10, kV10Cases, {0, 65, 1024}, 1701);
   std::printf("w4a8 v10 vs default: %d launch pairs compared\n", compared);
 }
 
-// v10 against the fp64 reference directly (random bounds and bit-exact representable inputs), pinned on (and v9
-// set too: v10 must win); GEMM 2 and plain entry points.
+// The same for v10's mbarrier handoff (MEGAMOE_W4A8_V10=2), hints 0 and 1024.
+TEST(GroupedGemmW4a8, W4a8V10HandoffMatchesDefaultBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  const ScopedSwitch restore_v9(kernels::w4a8_v9, kernels::set_w4a8_v9);
+  kernels::set_w4a8_v9(0);
+  const int compared = expect_variant_matches_default([](int on) { kernels::set_w4a8_v10(on ? 2 : 0); }, kV10Cases,
+                                                      {0, 1024}, 1721);
+  std::printf("w4a8 v10 handoff vs default: %d launch pairs compared\n", compared);
+}
+
+// v10 (both handoffs) against the fp64 reference directly (random bounds and bit-exact representable inputs), pinned
+// on (and v9 set too: v10 must win); GEMM 2 and plain entry points.
 TEST(GroupedGemmW4a8, W4a8V10AgainstReference) {
   MEGAMOE_REQUIRE_GPUS(1);
   const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
   const ScopedSwitch restore_v9(kernels::w4a8_v9, kernels::set_w4a8_v9);
   kernels::set_w4a8_v9(1);
-  kernels::set_w4a8_v10(1);
-  for (WeightFormat f : kFormats) {
-    run_plain(f, {0, 1, 130, 63, 300, 64, 65, 257}, 512, 512, 1711, 1024, false, false);
-    run_plain(f, {100, 0, 129, 260}, 256, 2048, 1712, 0, false, true);
-    run_plain(f, {3, 0, 128, 277}, 256, 1024, 1713, 128, true, true);
-    run_plain(f, {2, 127, 0, 300}, 256, 7168, 1714, 0, true, false);
+  for (int handoff : {1, 2}) {
+    SCOPED_TRACE("MEGAMOE_W4A8_V10=" + std::to_string(handoff));
+    kernels::set_w4a8_v10(handoff);
+    for (WeightFormat f : kFormats) {
+      run_plain(f, {0, 1, 130, 63, 300, 64, 65, 257}, 512, 512, 1711, 1024, false, false);
+      run_plain(f, {100, 0, 129, 260}, 256, 2048, 1712, 0, false, true);
+      run_plain(f, {3, 0, 128, 277}, 256, 1024, 1713, 128, true, true);
+      run_plain(f, {2, 127, 0, 300}, 256, 7168, 1714, 0, true, false);
+    }
   }
 }
 
