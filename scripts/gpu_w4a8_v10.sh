@@ -18,7 +18,7 @@
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 B=${PREBUILT:?source scripts/use_prebuilt.sh w4a8-v10 .xfer/w4a8-v10 first}
-budget_s=215; pack_name=w4a8_v10.tgz
+budget_s=${BUDGET_S:-215}; pack_name=w4a8_v10.tgz
 source "$(dirname "$0")/device_steps.sh"
 T="$B/tests/megamoe_tests_gpu"
 step gtest_v10 80 "$T" --gtest_filter='GroupedGemmW4a8.W4a8V10*'
