@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Table of a default-vs-variant GEMM bench (the one-call device scripts gpu_w4a8_v9.sh / gpu_w4a8_v10.sh).
+"""Table of a baseline-vs-variant GEMM bench (the one-call device scripts, e.g. gpu_w4a8_v10.sh).
 
-usage: bench_variant_table.py LOGDIR NAME [GEMM]
+usage: bench_variant_table.py LOGDIR NAME [GEMM [BASE]]
 Reads LOGDIR/bench_<format>_v<S>_<spread>_<round>.json (megamoe bench gemm --json; S = the switch value: 0 = the
-default kernels, 1, 2, ... = variants of NAME), keeps the rows of GEMM (default gemm2) and prints per (format, model,
-rows, spread) the best TFLOP/s of each switch value and each variant / default, then the per-round ratios.
+baseline, named BASE (default "default"), any other value a variant of NAME), keeps the rows of GEMM (default gemm2)
+and prints per (format, model, rows, spread) the best TFLOP/s of each switch value and each variant / baseline, then
+the per-round ratios.
 """
 import glob
 import json
@@ -13,6 +14,7 @@ import sys
 
 logdir, name = sys.argv[1], sys.argv[2]
 gemm = sys.argv[3] if len(sys.argv) > 3 else "gemm2"
+base = sys.argv[4] if len(sys.argv) > 4 else "default"
 runs = {}  # (format, model, rows, spread) -> {switch: [tflops per round]}
 for p in sorted(glob.glob(os.path.join(logdir, "bench_*.json"))):
     switch = os.path.basename(p).split("_")[2][1:]
@@ -27,10 +29,11 @@ for p in sorted(glob.glob(os.path.join(logdir, "bench_*.json"))):
         runs.setdefault(key, {}).setdefault(switch, []).append(r["tflops"])
 variants = sorted({s for v in runs.values() for s in v if s != "0"})
 label = lambda s: name if len(variants) == 1 else "%s=%s" % (name, s)
-head = "%-6s %-10s %5s %-11s | %10s" % ("format", "model", "rows", "spread", "default_TF")
+ratio = "/" + base[:3]
+head = "%-6s %-10s %5s %-11s | %10s" % ("format", "model", "rows", "spread", base + "_TF")
 for s in variants:
-    head += " %10s %8s" % (label(s) + "_TF", "/def")
-print(head + "  (rounds variant/default)")
+    head += " %10s %8s" % (label(s) + "_TF", ratio)
+print(head + "  (rounds variant/%s)" % base)
 nan = float("nan")
 for key, v in sorted(runs.items()):
     d = max(v.get("0", [nan]))
@@ -41,5 +44,5 @@ for key, v in sorted(runs.items()):
         line += " %10.0f %8.3f" % (n, n / d)
         rounds.append(" ".join("%.3f" % (b / a) for a, b in zip(v.get("0", []), v.get(s, []))))
     print(line + "  (" + " | ".join(rounds) + ")")
-print("%s, 32 experts, best of the rounds (median of 10 launches each, L2 flushed); /def = variant TFLOP/s / default "
-      "TFLOP/s (> 1: the variant is faster); multinomial rows = mean rows per expert" % gemm.upper())
+print("%s, 32 experts, best of the rounds (median of 10 launches each, L2 flushed); %s = variant TFLOP/s / %s "
+      "TFLOP/s (> 1: the variant is faster); multinomial rows = mean rows per expert" % (gemm.upper(), ratio, base))

@@ -8,7 +8,6 @@
 #include "kernels/grouped_gemm.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_w4a8_grouped_gemm.cuh"
-#include "kernels/sm90_w4a8_m_split_grouped_gemm.cuh"
 #include "kernels/sm90_w4a8_small_m_grouped_gemm.cuh"
 #include "kernels/sm90_w4a8_v10_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
@@ -69,62 +68,28 @@ void launch_small_m(const uint8_t* a, const uint8_t* weight_data, const W4a8Gemm
       weight_data, params, stream);
 }
 
-// W4A8 v9: the 256 x 128 M-split kernel (BF16 out only; docs/grouped_gemm.md "W4A8 v9").
-template <Fp4Format kFormat>
-void launch_m_split(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
-  constexpr int kStages = max_stages<sm90::W4a8MSplitLayout<1, kFormat>>();
-  static_assert(kStages == 4, "the shared-memory budget in sm90_w4a8_m_split_grouped_gemm.cuh's NOTES");
-  launch_kernel<sm90::W4a8MSplitLayout<kStages, kFormat>>(
-      &sm90::sm90_w4a8_m_split_grouped_gemm_kernel<kStages, kFormat>, sm90::kThreadsPerCta, a, weight_data, params,
-      stream);
-}
-
 // W4A8 v10: the 128 x 128 v11-skeleton kernel (BF16 out only; docs/grouped_gemm.md "W4A8 v10").
-// kHandoff (MEGAMOE_W4A8_V10=2): the mbarrier handoff of the decoded tile instead of the named barrier.
-template <Fp4Format kFormat, bool kHandoff>
+template <Fp4Format kFormat>
 void launch_v10(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
-  constexpr int kStages = max_stages<sm90::W4a8V10Layout<1, kFormat, kHandoff>>();
+  constexpr int kStages = max_stages<sm90::W4a8V10Layout<1, kFormat>>();
   static_assert(kStages == sm90::kW4a8V10Stages, "the shared-memory budget in sm90_w4a8_v10_grouped_gemm.cuh's NOTES");
-  launch_kernel<sm90::W4a8V10Layout<kStages, kFormat, kHandoff>>(
-      &sm90::sm90_w4a8_v10_grouped_gemm_kernel<kStages, kFormat, kHandoff>, sm90::kThreadsPerCta, a, weight_data,
-      params, stream);
+  launch_kernel<sm90::W4a8V10Layout<kStages, kFormat>>(&sm90::sm90_w4a8_v10_grouped_gemm_kernel<kStages, kFormat>,
+                                                       sm90::kThreadsPerCta, a, weight_data, params, stream);
 }
 
-// -1: not read yet; else 0, 1 or 2 (MEGAMOE_W4A8_V10).
+// -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V10; unset or empty = 1).
 std::atomic<int> g_w4a8_v10{-1};
 
-// The v10 kernel takes a BF16-out launch when enabled (w4a8_v10: 1 named-barrier handoff, 2 mbarrier handoff), the rows hint is unknown (<= 0) or above one
-// 64-row tile (hints <= 64 keep the default's 64-row tiles, whose choice choose_w4a8_sub_tiles makes), and n
-// splits into 128-row tiles. It is checked before v9: with both set, v10 wins.
+// The v10 kernel takes a BF16-out launch (GEMM 2 / plain) when enabled (w4a8_v10() == 1, the default), the rows
+// hint is unknown (<= 0) or above one 64-row tile (hints <= 64 keep the old kernels' 64-row tiles, whose choice
+// choose_w4a8_sub_tiles makes), and n splits into 128-row tiles. V10=0 keeps the old 128 x 256 / 64-row kernels
+// for every BF16-out launch.
+// Why the default (H200, docs/grouped_gemm.md "W4A8 v10"): against the old kernels v10 is bit-identical and
+// 1.00-1.13x as fast at 512-4096 rows per expert (dsv3 / ms4 1.00-1.06x, qwen3-30b 1.07-1.13x, GEMM 2 nvfp4 and
+// mxfp4). Hints 65-511 take v10 too by this gate but were NOT measured yet (next device call: bench gemm --gemms 2
+// at 128 / 256 rows, V10=0 vs default); if v10 loses there, raise the lower bound here.
 bool use_v10_kernel(int rows_hint, int n) {
-  return w4a8_v10() != 0 && (rows_hint <= 0 || rows_hint > 64) && n % sm90::kW4a8V10BlockN == 0;
-}
-
-// A switch 0 .. max_value read once per process from the environment variable `name` ("" or a digit "0" .. max_value,
-// anything else a megamoe::Error) unless an override (set_w4a8_v9 / set_w4a8_v10) stored a value first. -1 in
-// `cell`: not read yet.
-int read_switch_once(std::atomic<int>& cell, const char* name, int max_value) {  // max_value: 1 or 2
-  int value = cell.load(std::memory_order_relaxed);
-  if (value < 0) {
-    const char* env = std::getenv(name);
-    const std::string text = env ? env : "";
-    const bool digit = text.size() == 1 && text[0] >= '0' && text[0] <= '0' + max_value;
-    MEGAMOE_CHECK(text.empty() || digit, name, " = '", text, "' must be ", max_value == 1 ? "0 or 1" : "0, 1 or 2");
-    value = digit ? text[0] - '0' : 0;
-    int expected = -1;
-    if (!cell.compare_exchange_strong(expected, value)) value = expected;  // an override won
-  }
-  return value;
-}
-
-// -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V9).
-std::atomic<int> g_w4a8_v9{-1};
-
-// The M-split kernel takes a BF16-out launch when enabled (w4a8_v9), the rows hint is unknown (<= 0) or at least
-// one 256-row tile, and n splits into 128-row tiles (always, given check_n; kept for the kernel's contract).
-bool use_m_split_kernel(int rows_hint, int n) {
-  return w4a8_v9() == 1 && (rows_hint <= 0 || rows_hint >= sm90::kW4a8MSplitBlockM) &&
-         n % sm90::kW4a8MSplitBlockN == 0;
+  return w4a8_v10() == 1 && (rows_hint <= 0 || rows_hint > 64) && n % sm90::kW4a8V10BlockN == 0;
 }
 
 // Which 64-row W4A8 tiles run the small-M kernel (four math warpgroups, v4). Measured against the
@@ -205,19 +170,8 @@ void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w,
   detail::check_grouped_gemm_pointer(out, "out");
   const W4a8GemmParams params = base_params(a_scales, w, offsets, out, m_capacity, num_experts, n, k);
   if (use_v10_kernel(rows_hint, n)) {
-    const bool nvfp4 = w.format == WeightFormat::kNvfp4;
-    if (w4a8_v10() == 2) {
-      if (nvfp4) launch_v10<Fp4Format::kNvfp4, true>(a, w.data, params, stream);
-      else launch_v10<Fp4Format::kMxfp4, true>(a, w.data, params, stream);
-    } else {
-      if (nvfp4) launch_v10<Fp4Format::kNvfp4, false>(a, w.data, params, stream);
-      else launch_v10<Fp4Format::kMxfp4, false>(a, w.data, params, stream);
-    }
-    return;
-  }
-  if (use_m_split_kernel(rows_hint, n)) {
-    if (w.format == WeightFormat::kNvfp4) launch_m_split<Fp4Format::kNvfp4>(a, w.data, params, stream);
-    else launch_m_split<Fp4Format::kMxfp4>(a, w.data, params, stream);
+    if (w.format == WeightFormat::kNvfp4) launch_v10<Fp4Format::kNvfp4>(a, w.data, params, stream);
+    else launch_v10<Fp4Format::kMxfp4>(a, w.data, params, stream);
     return;
   }
   const int sub_tiles = sm90::choose_w4a8_sub_tiles(rows_hint, num_experts, n, detail::grouped_gemm_sm_count());
@@ -245,17 +199,21 @@ void set_w4a8_decode(int decoder) {
   g_w4a8_decode.store(decoder);
 }
 
-int w4a8_v9() { return read_switch_once(g_w4a8_v9, "MEGAMOE_W4A8_V9", 1); }
-
-void set_w4a8_v9(int enabled) {
-  MEGAMOE_CHECK(enabled == 0 || enabled == 1, "W4A8 v9 switch ", enabled, " must be 0 or 1");
-  g_w4a8_v9.store(enabled);
+int w4a8_v10() {
+  int value = g_w4a8_v10.load(std::memory_order_relaxed);
+  if (value < 0) {
+    const char* env = std::getenv("MEGAMOE_W4A8_V10");
+    const std::string text = env ? env : "";
+    MEGAMOE_CHECK(text.empty() || text == "0" || text == "1", "MEGAMOE_W4A8_V10 = '", text, "' must be 0 or 1");
+    value = text == "0" ? 0 : 1;
+    int expected = -1;
+    if (!g_w4a8_v10.compare_exchange_strong(expected, value)) value = expected;  // an override won
+  }
+  return value;
 }
 
-int w4a8_v10() { return read_switch_once(g_w4a8_v10, "MEGAMOE_W4A8_V10", 2); }
-
 void set_w4a8_v10(int enabled) {
-  MEGAMOE_CHECK(enabled >= 0 && enabled <= 2, "W4A8 v10 switch ", enabled, " must be 0, 1 or 2");
+  MEGAMOE_CHECK(enabled == 0 || enabled == 1, "W4A8 v10 switch ", enabled, " must be 0 or 1");
   g_w4a8_v10.store(enabled);
 }
 

@@ -496,8 +496,8 @@ __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulat
   }
 }
 
-// Producer warpgroup of the standalone W4A8 kernels (this one, the small-M kernel, the 256 x 128 M-split
-// kernel and the 128 x 128 v10 kernel, shared scales; tiles of Layout::kBlockN weight rows, Layout::kScaleRecords block records each):
+// Producer warpgroup of the standalone W4A8 kernels (this one, the small-M kernel and the 128 x 128 v10 kernel,
+// shared scales; tiles of Layout::kBlockN weight rows, Layout::kScaleRecords block records each):
 // warp 1 is the scale warp (produce_w4a8_scales), thread 0 streams the operands (produce_w4a8_tile),
 // both over the CTA's tile sequence; the other threads return at once. The caller has lowered this
 // warpgroup's registers already.
@@ -531,8 +531,8 @@ __device__ __forceinline__ void run_w4a8_producer_warpgroup(const W4a8GemmShared
   }
 }
 
-// The standalone W4A8 kernels' start (this one, the small-M, the M-split and the v10 kernel), before the warpgroup roles
-// split: thread 0 initializes the ring's mbarriers and prefetches the tensor maps, warp 1 builds the expert tile
+// The standalone W4A8 kernels' start (this one, the small-M and the v10 kernel), before the warpgroup roles split:
+// thread 0 initializes the ring's mbarriers and prefetches the tensor maps, warp 1 builds the expert tile
 // table of Layout::kBlockM-row tiles; then __syncthreads().
 template <class Layout>
 __device__ __forceinline__ void start_w4a8_kernel(const W4a8GemmShared<Layout>& smem, const ExpertTileTable& table,

@@ -1,7 +1,8 @@
 // W4A8 v10 (docs/grouped_gemm.md "W4A8 v10"): the v11 FP8 skeleton (sm90_fp8_wide_grouped_gemm.cuh, 128 x 128)
 // with an FP4 decode stage, for the BF16-out W4A8 GEMMs (GEMM 2 / plain), sm_90a. The numbers, the decode and
-// the producer pieces are those of sm90_w4a8_grouped_gemm.cuh; the layout is v9's generalized
-// (W4a8SharedDecodeLayout, 128 rows, with BF16 staging).
+// the producer pieces are those of sm90_w4a8_grouped_gemm.cuh; the shared-memory layout is W4a8V10Layout below
+// (one decoded 128 x 128 B tile both math warpgroups read, BF16 staging). The default for GEMM 2 / plain at rows
+// hints > 64 or unknown (MEGAMOE_W4A8_V10, grouped_gemm_w4a8.cu's use_v10_kernel).
 //
 // Why: the default 128 x 256 split-N kernel runs, per math warpgroup and k-block, two sequential
 // wgmma-wait-promote rounds (two m64 sub-tiles), builds its descriptors per thread (R2UR in the k loop) and
@@ -13,30 +14,22 @@
 // 128 B] TMA 128-byte swizzle, FP4 [128 rows, 64 B] TMA 64-byte swizzle, the tile's group scales by one bulk
 // copy; warp 1: the 128 A scales + the tile's ONE {factor, p} record per stage). A 128-row N tile is exactly one
 // 128 x 128 weight block of the packed layout per k-block: layout and numerics unchanged. The 256 math threads
-// decode the 128 x 128 FP4 tile, two threads per weight row (64 K each: decode_fp4_half_row_select, as v9), into
-// a double-buffered decoded tile (2 x 16 KiB, the wgmma B layout) that both math warpgroups read. Per k-block:
+// decode the 128 x 128 FP4 tile, two threads per weight row (64 K each: decode_fp4_half_row_select, as the small-M
+// kernel), into a double-buffered decoded tile (2 x 16 KiB, the wgmma B layout) that both math warpgroups read.
+// Per k-block:
 //   bar.sync 256 (decoded kb visible) -> 4 wgmma (A of the stage, B = decoded kb) + commit -> wait `full` of
 //   kb+1, decode kb+1 into the other buffer (overlaps the tensor cores) -> wait 0 -> release the stage ->
 //   promote acc += partial * fl(a_scale * factor).
 // Epilogue: wide_bf16_epilogue (v11's: per-warp staging rows, one 1-D bulk copy per valid row).
 //
 // NOTES:
-// - Handoff of a decoded buffer (MEGAMOE_W4A8_V10=1, kHandoff = false): a named barrier over the 256 math threads
-//   (kW4a8V10DecodeBarrier), every thread fencing its own st.shared with fence.proxy.async before it: the v9 form.
-//   It locks the two warpgroups together: both wait for their wgmma at the same time and promote at the same time,
-//   so the tensor pipe idles for the promotion + barrier tail of every k-block.
-// - kHandoff (MEGAMOE_W4A8_V10=2): mbarriers instead, decoded[b] and consumed[b] per buffer b, 8 arrivals each
-//   (lane 0 of every math warp). k-block j (CTA-running count) uses buffer j & 1 for the (j >> 1)-th time. A warp
-//   decodes j after waiting consumed[j & 1] for use (j >> 1) - 1 (every warp retired wgmma(j - 2); a fresh barrier
-//   passes the wait for use -1), then fence.proxy.async per thread, __syncwarp, lane 0 arrives on decoded[j & 1].
-//   Before wgmma(j) every thread waits decoded[j & 1] for use j >> 1; after its wgmma_wait(j) lane 0 arrives on
-//   consumed[j & 1] (with the `empty` arrival). A warpgroup may then issue wgmma(j + 1) while the other still
-//   promotes j (v11's natural overlap), at most about one k-block apart. Parity waits are unambiguous: when a warp
-//   waits for consumed use u - 1 the barrier cannot be past use u (that needs this warp's decode of use u first) and
-//   is past use u - 2 (this warp's own wgmma(j - 2) needed decoded(j - 2), which needed every warp's wait for use
-//   u - 2); likewise for decoded. No cycle: each wait needs only events of earlier k-blocks.
-//   Considered and not taken: 256 arrivals per mbarrier (one per thread) instead of __syncwarp + lane 0.
-// - Buffer reuse (named barrier): the decoded buffer b written for k-block j+1 (CTA-running count j, across tiles) was last read
+// - Handoff of a decoded buffer: a named barrier over the 256 math threads (kW4a8V10DecodeBarrier), every thread
+//   fencing its own st.shared with fence.proxy.async before it. It locks the two warpgroups together: both wait for
+//   their wgmma at the same time and promote at the same time, so the tensor pipe idles for the promotion + barrier
+//   tail of every k-block. Measured and removed: an mbarrier handoff (decoded[b] / consumed[b] per buffer, 8
+//   arrivals each, letting one warpgroup issue k-block j + 1 while the other promotes j) was slower than the named
+//   barrier at every measured point (docs/grouped_gemm.md "W4A8 v10").
+// - Buffer reuse: the decoded buffer b written for k-block j+1 (CTA-running count j, across tiles) was last read
 //   by the wgmmas of j-1 of BOTH warpgroups; each math thread waited for its own (wgmma_wait<0>) before it arrived
 //   at the barrier of j, so after that barrier none still reads it. The buffer parity runs across tiles (the
 //   first decode of a tile follows the barrier of the previous tile's last k-block), so no tile-start barrier.
@@ -47,7 +40,7 @@
 //   of its half of the weight rows, which the other warpgroup reads; wgmma on the A box's rows past the expert,
 //   TMA zero fill or the next expert's rows; promotion) and skips only the epilogue. Skipping the wgmma under
 //   `if (active)` made ptxas serialize them (C7518: "wgmma.mma_async instructions are serialized due to program
-//   dependence on compiler-inserted WG.DP in divergent path"; v9 has that warning for its `active` branch), i.e.
+//   dependence on compiler-inserted WG.DP in divergent path"; the removed v9 kernel had that warning), i.e.
 //   a wait after every wgmma, which would end the decode / tensor-core overlap. The waste: one 64-row wgmma
 //   group per k-block on tiles of <= 64 rows only (an expert's last tile), which the rows-hint gate (> 64) keeps
 //   rare.
@@ -67,7 +60,7 @@
 #pragma once
 
 #include "kernels/sm90_fp8_wide_grouped_gemm.cuh"
-#include "kernels/sm90_w4a8_m_split_grouped_gemm.cuh"
+#include "kernels/sm90_w4a8_grouped_gemm.cuh"
 
 namespace megamoe::kernels::sm90 {
 
@@ -77,21 +70,57 @@ constexpr int kW4a8V10Stages = 6;
 // The CTA-wide decode barrier of the 256 math threads (the standalone kernels' id 2 = kW4a8DecodeBarrier).
 constexpr uint32_t kW4a8V10DecodeBarrier = kW4a8DecodeBarrier;
 
-// kHandoff (MEGAMOE_W4A8_V10=2): the decoded-tile handoff through mbarriers instead of the 256-thread named barrier
-// (NOTES "Handoff"): decoded[b] at full + 2 kStages + b, consumed[b] at + 2 + b, 8 arrivals each (lane 0 of every
-// math warp).
-template <int kStages, Fp4Format kFormat, bool kHandoff = false>
-using W4a8V10Layout = W4a8SharedDecodeLayout<kW4a8V10BlockM, kStages, kFormat, 8, kHandoff ? 4 : 0>;
-constexpr uint32_t kW4a8V10HandoffArrivals = kMathWarpgroups * 4;
+// The names W4a8GemmShared, produce_w4a8_tile, produce_w4a8_scales and run_w4a8_producer_warpgroup read (as
+// W4a8GemmLayout), for the 128 x 128 tile whose ONE decoded 128 x 128 B tile (double-buffered) both math
+// warpgroups read, with the BF16 staging rows of wide_bf16_epilogue: kStagingRowsPerWarp rows of kStagingPitch
+// bytes per math warp, at kExchangeOffset = W4a8GemmShared::bf16_staging (NOTES "Shared memory").
+template <int kStages, Fp4Format kFormat>
+struct W4a8V10Layout {
+  static constexpr int kSubTiles = 1;  // one 64-row sub-tile per math warpgroup
+  static constexpr int kStageCount = kStages;
+  static constexpr int kBlockM = kW4a8V10BlockM;
+  static constexpr int kBlockN = kW4a8V10BlockN;
+  static constexpr bool kScalesInShared = false;
+  static constexpr bool kW4a8SharedScales = true;
+  static constexpr Fp4Format kFp4Format = kFormat;
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kFp4Bytes = kBlockN * kW4a8Fp4RowBytes;
+  static constexpr int kScaleBytes = kBlockN * Fp4Traits<kFormat>::kScaleBytesPerRow;
+  static constexpr int kDecodedBytes = kBlockN * kBlockK;  // the one FP8 B tile both math warpgroups read
+  static constexpr int kDecodedOffset = 0;
+  static constexpr int kAOffset = kDecodedOffset + 2 * kDecodedBytes;
+  static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
+  static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
+  static constexpr int kExchangeOffset = kScaleOffset + kStages * kScaleBytes;  // BF16 staging, no exchange
+  // BF16 staging of wide_bf16_epilogue: row pitch kBlockN BF16 + 16 B (words = 4 mod 32, WideFp8Layout's).
+  static constexpr int kStagingRowsPerWarp = 8;
+  static constexpr int kStagingPitch = kBlockN * 2 + 16;
+  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingRowsPerWarp * kStagingPitch;
+  // Scale ring: per stage kBlockM A scales (0 past the expert's end), then the tile's {factor, p} at [kBlockM].
+  static constexpr int kScaleRecords = kBlockN / 128;
+  static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
+  static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
+  static constexpr int kScaleRingOffset = kExchangeOffset + kStagingBytes;
+  static constexpr int kScaleRingBytes = (kStages * kScaleSlotWords * 4 + 15) / 16 * 16;
+  static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
+  static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int shared_bytes(int num_experts) {
+    return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
+  }
+  static_assert(kScaleRecords == 1, "one 128 x 128 weight block per tile and k-block");
+  static_assert(kBlockM == 64 * kMathWarpgroups, "one 64-row sub-tile per math warpgroup");
+  static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
+                "stage alignment");
+  static_assert(kExchangeOffset % 16 == 0 && kStagingPitch % 16 == 0, "bulk copies read 16-byte aligned staging rows");
+};
 
 // One tile of math warpgroup `math_wg` (zeroes `accumulator`): decode (half the shared 128 x 128 weight tile) +
 // one wgmma group + promotion per k-block, in the order of the header comment.
 // math_thread: 0..255 over both math warpgroups. scale_row: this thread's first fragment row
 // in the tile (its second is + 8). a_descriptor0 / b_descriptor0: descriptor start-address words of this
 // warpgroup's A rows in stage 0 and of decoded buffer 0 (uniform). stage / phase: the ring cursor; count: the
-// CTA-running k-block count (uniform, carried across tiles): k-block j uses decoded buffer j & 1, its (j >> 1)-th use.
-// kHandoff: the mbarrier handoff (NOTES "Handoff"; handoff = full + 2 kStages: decoded[2], consumed[2]).
-template <class Layout, bool kHandoff>
+// CTA-running k-block count (uniform, carried across tiles): k-block j uses decoded buffer j & 1.
+template <class Layout>
 __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64], float (&partial)[64],
                                                        const W4a8GemmShared<Layout>& smem, int k_blocks,
                                                        int math_thread, int scale_row, uint32_t a_descriptor0,
@@ -101,23 +130,14 @@ __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64],
   constexpr int kSlotWords = Layout::kScaleSlotWords;
   const int lane = threadIdx.x % 32;
   const uint32_t* const ring = smem.scale_ring;
-  uint64_t* const decoded_ready = smem.full + 2 * kStages;  // kHandoff only
-  uint64_t* const consumed = decoded_ready + 2;
   // Two threads per weight row: math thread t decodes logical chunks 2 (t & 1), +1 of row t / 2. k-block j (running
-  // count) into buffer j & 1. kHandoff: first wait until every math warp retired the wgmma of that buffer's previous
-  // use (j - 2; parity ((j >> 1) - 1) & 1, which a fresh barrier passes for j < 2), then publish with lane 0's
-  // arrival on decoded[j & 1] after the warp's fences.
+  // count) into buffer j & 1.
   const auto decode = [&](int s, uint32_t j) {
-    if constexpr (kHandoff) barrier_wait(&consumed[j & 1], ((j >> 1) & 1) ^ 1);
     decode_fp4_half_row_select<Layout::kFp4Format>(
         decoder, smem.fp4_tiles + s * Layout::kFp4Bytes, smem.scale_tiles + s * Layout::kScaleBytes,
         smem.decoded + (j & 1) * Layout::kDecodedBytes, math_thread / 2, 2 * (math_thread & 1),
         static_cast<int>(ring[s * kSlotWords + Layout::kBlockM + 1]));
     fence_proxy_async_shared();
-    if constexpr (kHandoff) {
-      __syncwarp();
-      if (lane == 0) barrier_arrive(&decoded_ready[j & 1]);
-    }
   };
 #pragma unroll
   for (int i = 0; i < 64; ++i) accumulator[i] = 0.0f;
@@ -130,8 +150,7 @@ __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64],
     const float factor = __uint_as_float(slot[Layout::kBlockM]);
     const float scale_a0 = __uint_as_float(slot[scale_row]), scale_a1 = __uint_as_float(slot[scale_row + 8]);
     const uint32_t buffer = count & 1u;
-    if constexpr (kHandoff) barrier_wait(&decoded_ready[buffer], (count >> 1) & 1u);  // all 8 warps decoded it
-    else named_barrier_sync(kW4a8V10DecodeBarrier, 256);  // every row of decoded kb is written and fenced
+    named_barrier_sync(kW4a8V10DecodeBarrier, 256);  // every row of decoded kb is written and fenced
     const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
     const uint32_t b_low = b_descriptor0 + buffer * (Layout::kDecodedBytes >> 4);
 #pragma unroll
@@ -151,10 +170,7 @@ __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64],
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-    if (lane == 0) {
-      if constexpr (kHandoff) barrier_arrive(&consumed[buffer]);  // this warp's wgmma of buffer retired
-      barrier_arrive(&smem.empty[stage]);
-    }
+    if (lane == 0) barrier_arrive(&smem.empty[stage]);
     ++count;
     stage = next_stage;
     phase = next_phase;
@@ -162,11 +178,11 @@ __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64],
   }
 }
 
-template <int kStages, Fp4Format kFormat, bool kHandoff>
+template <int kStages, Fp4Format kFormat>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_w4a8_v10_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                       const __grid_constant__ CUtensorMap b_map, const W4a8GemmParams params) {
-  using Layout = W4a8V10Layout<kStages, kFormat, kHandoff>;
+  using Layout = W4a8V10Layout<kStages, kFormat>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
   // 40 (producer thread, scale warp) / 232 (math), as v11's cluster kernel: at 24 / 240 (v11's, the 128-row
@@ -182,12 +198,6 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
-  if constexpr (kHandoff) {  // before start_w4a8_kernel's __syncthreads, which orders them before any use
-    if (threadIdx.x == 0) {
-      for (int b = 0; b < Layout::kHandoffBarriers; ++b) barrier_init(smem.full + 2 * kStages + b, kW4a8V10HandoffArrivals);
-      barrier_init_fence();
-    }
-  }
   start_w4a8_kernel(smem, table, &a_map, &b_map, params);
 
   const int k_blocks = params.k / kBlockK;
@@ -227,8 +237,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     const int n0 = __shfl_sync(0xffffffffu, t.n_tile, 0) * kBlockN;
     expert = __shfl_sync(0xffffffffu, expert, 0);
     const bool active = m_end - m0 > 64 * math_wg;
-    w4a8_v10_tile_mainloop<Layout, kHandoff>(accumulator, partial, smem, k_blocks, math_thread, scale_row,
-                                             a_descriptor0, b_descriptor0, stage, phase, count, params.decoder);
+    w4a8_v10_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, math_thread, scale_row,
+                                   a_descriptor0, b_descriptor0, stage, phase, count, params.decoder);
     if (active)
       wide_bf16_epilogue<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, out + n0,
                                  params.n, kBlockN * 2u);
