@@ -344,6 +344,7 @@ int run_gemm_bench(const GemmBenchOptions& options) {
       MEGAMOE_CUDA_CHECK(cudaMemcpy(offsets.data, host_offsets.data(), offsets.bytes, cudaMemcpyHostToDevice));
       const int64_t m = static_cast<int64_t>(rows) * E;
       for (int which = 1; which <= 2; ++which) {
+        if (std::find(options.gemms.begin(), options.gemms.end(), which) == options.gemms.end()) continue;
         Point p;
         p.model = model;
         p.gemm = which == 1 ? "gemm1" : "gemm2";

@@ -11,6 +11,7 @@ struct GemmBenchOptions {
   std::vector<std::string> models{"dsv3", "ml3", "ms4", "dsv4-flash", "qwen3-30b"};
   std::vector<int> rows_per_expert{8, 32, 128, 512, 1024, 2048, 4096};
   int experts = 32;
+  std::vector<int> gemms{1, 2};  // which GEMMs to time: 1 (gate/up), 2 (down)
   int repeats = 20;
   // "fp8": FP8-block kernels vs cuBLASLt FP8; "nvfp4" / "mxfp4": W4A8 kernels vs cuBLASLt FP8 (no BF16
   // baseline); "bf16": BF16 kernels vs cuBLAS BF16

@@ -338,4 +338,12 @@ void grouped_gemm_w4a8_bf16out(const GroupedGemmW4a8Args& args, cudaStream_t str
 int w4a8_decode();
 void set_w4a8_decode(int decoder);
 
+// W4A8 v10: the BF16-out W4A8 GEMMs (grouped_gemm2_w4a8, grouped_gemm_w4a8_bf16out) at rows hints > 64 or unknown
+// run the 128 x 128 kernel on v11's skeleton (sm90_w4a8_v10_grouped_gemm.cuh; one wgmma group per math warpgroup
+// and k-block; the same BF16 bytes as the old 128 x 256 / 64-row kernels). MEGAMOE_W4A8_V10 = "1" (the default,
+// also unset or empty) | "0" (the old kernels for every BF16-out launch) (anything else: megamoe::Error), read once
+// per process; set_w4a8_v10(0 | 1) overrides it (same-process A/B, tests).
+int w4a8_v10();
+void set_w4a8_v10(int enabled);
+
 }  // namespace megamoe::kernels

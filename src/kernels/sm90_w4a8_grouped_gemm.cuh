@@ -199,7 +199,7 @@ __device__ __forceinline__ W4a8BlockScaleDevice load_block(const W4a8BlockScaleD
 }
 
 // Producer (one thread): for k-block kb = 0 .. k_blocks-1 streams A rows [m0, m0 + BLOCK_M) (TMA), the
-// packed FP4 rows [b_row, b_row + 256) (TMA) and the tile's group scales at scales + kb * scales_kb_stride
+// packed FP4 rows [b_row, b_row + Layout::kBlockN) (TMA) and the tile's group scales at scales + kb * scales_kb_stride
 // (one bulk copy of kScaleBytes) into the ring.
 template <class Layout>
 __device__ __forceinline__ void produce_w4a8_tile(const W4a8GemmShared<Layout>& smem, const CUtensorMap* a_map,
@@ -250,6 +250,32 @@ __device__ __forceinline__ void produce_w4a8_scales(const W4a8GemmShared<Layout>
     if (lane < 2 * Layout::kScaleRecords) cp_async_4(slot + Layout::kBlockM + lane, record_words + 2 * kb, 4u);
     cp_async_arrive_noinc(&smem.full[cursor.stage]);
     cursor.advance();
+  }
+}
+
+// One m64 x n128 x 128-K wgmma group of a math warpgroup into `partial` (async: committed, not waited for): A and B
+// K-major 128-byte-swizzled tiles at shared addresses a_base (64 rows) and b_base (128 rows).
+__device__ __forceinline__ void w4a8_issue_wgmma_m64n128(float (&partial)[64], uint32_t a_base, uint32_t b_base) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+    wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
+                          make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
+  wgmma_commit();
+}
+
+// Per-128-K promotion of one m64n128 sub-tile: accumulator += partial * scale, scale0 for the fragment's rows r
+// (registers 4j, 4j + 1), scale1 for rows r + 8 (4j + 2, 4j + 3); scale = fl(a_scale * factor).
+__device__ __forceinline__ void w4a8_promote_m64n128(float (&accumulator)[64], const float (&partial)[64], float scale0,
+                                                     float scale1) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
+    accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
+    accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
+    accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
   }
 }
 
@@ -351,14 +377,7 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
 #pragma unroll
     for (int s = 0; s < kSubTilesM; ++s) {
       const uint32_t a_base = smem_address(smem.a_tiles + cursor.stage * Layout::kABytes + 64 * s * kBlockK);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      wgmma_fence();
-#pragma unroll
-      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_m64n128k32_e4m3(partial, make_kmajor_sw128_descriptor(a_base + k_step * 32),
-                              make_kmajor_sw128_descriptor(b_base + k_step * 32), k_step > 0 ? 1u : 0u);
-      wgmma_commit();
+      w4a8_issue_wgmma_m64n128(partial, a_base, b_base);
       if (s == 0 && kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
         const int next_stage = cursor.stage + 1 == kStages ? 0 : cursor.stage + 1;
         barrier_wait(&smem.full[next_stage], next_stage == 0 ? cursor.phase ^ 1 : cursor.phase);
@@ -372,16 +391,8 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
         if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
         cursor.advance();
       }
-      if (warp_has_rows[s]) {
-        const float scale0 = scale_a[s][0] * factor, scale1 = scale_a[s][1] * factor;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          accumulator[s][4 * j + 0] += partial[4 * j + 0] * scale0;
-          accumulator[s][4 * j + 1] += partial[4 * j + 1] * scale0;
-          accumulator[s][4 * j + 2] += partial[4 * j + 2] * scale1;
-          accumulator[s][4 * j + 3] += partial[4 * j + 3] * scale1;
-        }
-      }
+      if (warp_has_rows[s])
+        w4a8_promote_m64n128(accumulator[s], partial, scale_a[s][0] * factor, scale_a[s][1] * factor);
     }
   }
 }
@@ -485,7 +496,8 @@ __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulat
   }
 }
 
-// Producer warpgroup of the standalone W4A8 kernels (this one and the small-M kernel, shared scales):
+// Producer warpgroup of the standalone W4A8 kernels (this one, the small-M kernel and the 128 x 128 v10 kernel,
+// shared scales; tiles of Layout::kBlockN weight rows, Layout::kScaleRecords block records each):
 // warp 1 is the scale warp (produce_w4a8_scales), thread 0 streams the operands (produce_w4a8_tile),
 // both over the CTA's tile sequence; the other threads return at once. The caller has lowered this
 // warpgroup's registers already.
@@ -502,8 +514,9 @@ __device__ __forceinline__ void run_w4a8_producer_warpgroup(const W4a8GemmShared
     for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
       const TileCoordinates where = locate_tile(table, tile, n_tiles, Layout::kBlockM, expert);
       const W4a8BlockScaleDevice* blocks =
-          params.blocks + (static_cast<int64_t>(expert) * n_blocks + where.n_tile * 2) * k_blocks;
-      produce_w4a8_scales(smem, params.a_scales, blocks, blocks + k_blocks, where.m0, where.m_end, k_blocks, cursor);
+          params.blocks + (static_cast<int64_t>(expert) * n_blocks + where.n_tile * Layout::kScaleRecords) * k_blocks;
+      produce_w4a8_scales(smem, params.a_scales, blocks, Layout::kScaleRecords > 1 ? blocks + k_blocks : blocks,
+                          where.m0, where.m_end, k_blocks, cursor);
     }
     cp_async_wait_all();
     return;
@@ -512,10 +525,27 @@ __device__ __forceinline__ void run_w4a8_producer_warpgroup(const W4a8GemmShared
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const TileCoordinates where = locate_tile(table, tile, n_tiles, Layout::kBlockM, expert);
     const uint8_t* scales = params.group_scales + (static_cast<int64_t>(expert) * k_blocks * params.n +
-                                                   where.n_tile * kW4a8BlockN) * kScaleBytesPerRow;
-    produce_w4a8_tile(smem, a_map, b_map, where.m0, expert * params.n + where.n_tile * kW4a8BlockN, scales,
+                                                   where.n_tile * Layout::kBlockN) * kScaleBytesPerRow;
+    produce_w4a8_tile(smem, a_map, b_map, where.m0, expert * params.n + where.n_tile * Layout::kBlockN, scales,
                       static_cast<int64_t>(params.n) * kScaleBytesPerRow, k_blocks, cursor);
   }
+}
+
+// The standalone W4A8 kernels' start (this one, the small-M and the v10 kernel), before the warpgroup roles split:
+// thread 0 initializes the ring's mbarriers and prefetches the tensor maps, warp 1 builds the expert tile
+// table of Layout::kBlockM-row tiles; then __syncthreads().
+template <class Layout>
+__device__ __forceinline__ void start_w4a8_kernel(const W4a8GemmShared<Layout>& smem, const ExpertTileTable& table,
+                                                  const CUtensorMap* a_map, const CUtensorMap* b_map,
+                                                  const W4a8GemmParams& params) {
+  if (threadIdx.x == 0) {
+    smem.init_barriers();
+    prefetch_tensor_map(a_map);
+    prefetch_tensor_map(b_map);
+  }
+  if (threadIdx.x / 32 == 1)
+    build_expert_tile_table<Layout::kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
+  __syncthreads();
 }
 
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
@@ -532,14 +562,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    prefetch_tensor_map(&a_map);
-    prefetch_tensor_map(&b_map);
-  }
-  if (threadIdx.x / 32 == 1)
-    build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
-  __syncthreads();
+  start_w4a8_kernel(smem, table, &a_map, &b_map, params);
 
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = params.n / kW4a8BlockN;

@@ -248,14 +248,7 @@ __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
 
   const int warpgroup = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) {
-    smem.init_barriers();
-    prefetch_tensor_map(&a_map);
-    prefetch_tensor_map(&b_map);
-  }
-  if (threadIdx.x / 32 == 1)
-    build_expert_tile_table<kBlockM>(table, params.expert_offsets, params.num_experts, params.m_capacity);
-  __syncthreads();
+  start_w4a8_kernel(smem, table, &a_map, &b_map, params);
 
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = params.n / kW4a8BlockN;

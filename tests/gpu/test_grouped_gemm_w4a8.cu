@@ -66,8 +66,9 @@ void decode_reference(W4a8Problem& p) {
 // Random problem: N(0, 1) activations quantized per token per 128; weights N(0, 1/k) (with a few
 // outliers so that scales spread) quantized by formats::quantize (NVFP4: one global per half, so the
 // largest group scale is 448 and its block decodes with p = -3).
+// reference = false skips the fp64 decode (w8, factor, p range): for byte comparisons of two kernels at large n x k.
 W4a8Problem make_problem(WeightFormat format, const std::vector<int>& counts, int n, int k, uint64_t seed,
-                         bool exact) {
+                         bool exact, bool reference = true) {
   W4a8Problem p;
   p.format = format;
   p.experts = static_cast<int>(counts.size());
@@ -115,7 +116,7 @@ W4a8Problem make_problem(WeightFormat format, const std::vector<int>& counts, in
                                                    : formats::quantize(w.data(), n, k, format));
     }
   }
-  decode_reference(p);
+  if (reference) decode_reference(p);
   return p;
 }
 
@@ -380,23 +381,47 @@ std::pair<std::vector<uint8_t>, std::vector<float>> run_gemm1(WeightFormat forma
 
 constexpr WeightFormat kFormats[] = {WeightFormat::kNvfp4, WeightFormat::kMxfp4};
 
+// A BF16-out kernel switched by a process-wide override (kernels::set_w4a8_v10) restores it.
+struct ScopedSwitch {
+  int (*get)();
+  void (*set)(int);
+  int saved;
+  ScopedSwitch(int (*get_fn)(), void (*set_fn)(int)) : get(get_fn), set(set_fn), saved(get_fn()) {}
+  ~ScopedSwitch() { set(saved); }
+};
+
+// The BF16-out tests at rows hints 0 (unknown) or > 64 below run both BF16-out kernel families: the old 128 x 256
+// kernel (MEGAMOE_W4A8_V10=0) and v10 (=1, the default there); `body` runs once per switch value.
+template <class Body>
+void for_both_bf16_kernels(Body body) {
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  for (int v10 : {0, 1}) {
+    SCOPED_TRACE("MEGAMOE_W4A8_V10=" + std::to_string(v10));
+    kernels::set_w4a8_v10(v10);
+    body();
+  }
+}
+
 TEST(GroupedGemmW4a8, PlainRandomShapes) {
   MEGAMOE_REQUIRE_GPUS(1);
   for (WeightFormat f : kFormats) {
-    run_plain(f, {0, 1, 130, 63, 200, 64, 129}, 512, 512, 1201, 0, false, false);  // 128 x 256 tiles
-    run_plain(f, {8, 0, 1, 17, 64, 33}, 256, 384, 1202, 16, false, false);           //  64 x 256 tiles
+    for_both_bf16_kernels([&] {  // 128 x 256 tiles (V10=0), 128 x 128 (v10)
+      run_plain(f, {0, 1, 130, 63, 200, 64, 129}, 512, 512, 1201, 0, false, false);
+    });
+    run_plain(f, {8, 0, 1, 17, 64, 33}, 256, 384, 1202, 16, false, false);  //  64 x 256 tiles
   }
 }
 
 TEST(GroupedGemmW4a8, Gemm2DeepK) {
   MEGAMOE_REQUIRE_GPUS(1);
-  for (WeightFormat f : kFormats) run_plain(f, {100, 0, 129}, 256, 2048, 1203, 0, false, true);
+  for (WeightFormat f : kFormats)
+    for_both_bf16_kernels([&] { run_plain(f, {100, 0, 129}, 256, 2048, 1203, 0, false, true); });
 }
 
 TEST(GroupedGemmW4a8, BitExactRepresentableInputs) {
   MEGAMOE_REQUIRE_GPUS(1);
   for (WeightFormat f : kFormats) {
-    run_plain(f, {3, 0, 128, 77}, 256, 1024, 1204, 0, true, false);
+    for_both_bf16_kernels([&] { run_plain(f, {3, 0, 128, 77}, 256, 1024, 1204, 0, true, false); });
     run_plain(f, {3, 0, 128, 77}, 512, 512, 1205, 8, true, true);
   }
 }
@@ -533,9 +558,12 @@ std::vector<uint8_t> run_raw(const W4a8Problem& p, const PackedDevice& w, bool g
   return bytes;
 }
 
-// decoder: 1 (v7) or 2 (v8), each against 0 (old).
+// decoder: 1 (v7) or 2 (v8), each against 0 (old), on the old kernels (MEGAMOE_W4A8_V10=0 pinned: GEMM 2 at hint
+// 1024 runs the 128 x 256 kernel; v10 is compared with it per decoder by W4a8V10MatchesDefaultBitForBit).
 void expect_decoder_matches_old(int decoder) {
   const ScopedDecoder restore;
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  kernels::set_w4a8_v10(0);
   const std::vector<int> counts = {1, 0, 8, 32, 64, 200, 1024};
   uint64_t seed = 1501;
   int compared = 0;
@@ -577,6 +605,89 @@ TEST(GroupedGemmW4a8, DecodeV7MatchesOldBitForBit) {
 TEST(GroupedGemmW4a8, DecodeV8MatchesOldBitForBit) {
   MEGAMOE_REQUIRE_GPUS(1);
   expect_decoder_matches_old(2);
+}
+
+struct VariantCase {
+  std::vector<int> counts;
+  int n, k;
+  bool exact;
+};
+
+// A BF16-out variant (set_variant(1)) against the old kernels (set_variant(0)) on the same inputs, byte for byte,
+// pad rows and rows of no expert poisoned in both: every case x format x decoder the kernels select (old, v8, auto)
+// x rows hint, scales perturbed into the decoders' fallbacks. The large shapes take the exact-input generator
+// (random codes and scale bytes, ternary activations: no host quantization of n x k floats per expert); the
+// perturbation applies to both. Returns the launch pairs compared.
+int expect_variant_matches_default(void (*set_variant)(int), const std::vector<VariantCase>& cases,
+                                   const std::vector<int>& hints, uint64_t seed) {
+  const ScopedDecoder restore_decoder;
+  int compared = 0;
+  for (WeightFormat f : kFormats) {
+    for (const VariantCase& c : cases) {
+      W4a8Problem p = make_problem(f, c.counts, c.n, c.k, ++seed, c.exact, false);
+      perturb_scales(p, seed);
+      const PackedDevice w = pack(p, kernels::GemmRole::kDown);
+      for (int decoder : {0, 2, 3}) {
+        kernels::set_w4a8_decode(decoder);
+        for (int hint : hints) {
+          SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint));
+          set_variant(0);
+          const std::vector<uint8_t> default_out = run_raw(p, w, false, hint);
+          set_variant(1);
+          const std::vector<uint8_t> variant_out = run_raw(p, w, false, hint);
+          set_variant(0);
+          EXPECT_EQ(default_out.size(), variant_out.size());
+          if (default_out.size() != variant_out.size()) continue;
+          int64_t differ = 0, first = -1, unpoisoned = 0;
+          for (size_t i = 0; i < variant_out.size(); ++i)
+            if (default_out[i] != variant_out[i] && differ++ == 0) first = static_cast<int64_t>(i);
+          const size_t row_bytes = static_cast<size_t>(p.n) * 2;
+          for (int64_t r = 0; r < p.capacity; ++r)
+            if (expert_of_row(p, r) < 0)
+              for (size_t i = 0; i < row_bytes; ++i) unpoisoned += variant_out[r * row_bytes + i] != 0xFF;
+          EXPECT_EQ(differ, 0) << "first differing byte " << first << " (row "
+                               << first / static_cast<int64_t>(row_bytes) << ")";
+          EXPECT_EQ(unpoisoned, 0) << "bytes written in rows of no expert";
+          ++compared;
+        }
+      }
+    }
+  }
+  return compared;
+}
+
+// W4A8 v10 (kernels::set_w4a8_v10(1), the default): the 128 x 128 v11-skeleton kernel against the old BF16-out
+// kernels (set_w4a8_v10(0); both pinned by expect_variant_matches_default, whatever MEGAMOE_W4A8_V10 says):
+// experts of 0, 1, 63, 64, 65, 127, 128, 129, 300, 1000 rows (tiles whose second math warpgroup has no row: 1, 63,
+// 64, 129, ...; a buffer of 50 rows, less than one 128-row A box), K up to 7168, N 7168 (dsv3 GEMM 2), 2048 and 256;
+// rows hints 0 (unknown), 65 (the smallest v10 takes) and 1024, against the old kernels at the same hint. 72 launch
+// pairs.
+const std::vector<VariantCase> kV10Cases = {
+    {{0, 1, 63, 64, 65, 127, 128, 129, 300, 0, 1000}, 256, 512, false},
+    {{1, 0, 40}, 256, 256, false},  // m_capacity 50 < one 128-row A box (TMA zero fill past the tensor)
+    {{300, 1, 0, 63, 129, 64}, 7168, 2048, true},
+    {{129, 0, 300, 1, 65, 127}, 2048, 7168, true},
+};
+
+TEST(GroupedGemmW4a8, W4a8V10MatchesDefaultBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  const int compared = expect_variant_matches_default(kernels::set_w4a8_v10, kV10Cases, {0, 65, 1024}, 1701);
+  std::printf("w4a8 v10 vs old kernels: %d launch pairs compared\n", compared);
+}
+
+// v10 against the fp64 reference directly (random bounds and bit-exact representable inputs), pinned on (whatever
+// MEGAMOE_W4A8_V10 says); GEMM 2 and plain entry points.
+TEST(GroupedGemmW4a8, W4a8V10AgainstReference) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
+  kernels::set_w4a8_v10(1);
+  for (WeightFormat f : kFormats) {
+    run_plain(f, {0, 1, 130, 63, 300, 64, 65, 257}, 512, 512, 1711, 1024, false, false);
+    run_plain(f, {100, 0, 129, 260}, 256, 2048, 1712, 0, false, true);
+    run_plain(f, {3, 0, 128, 277}, 256, 1024, 1713, 128, true, true);
+    run_plain(f, {2, 127, 0, 300}, 256, 7168, 1714, 0, true, false);
+  }
 }
 
 TEST(GroupedGemmW4a8, RejectsBadInputs) {

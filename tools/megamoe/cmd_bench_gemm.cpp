@@ -7,6 +7,8 @@ MEGAMOE_SUBCOMMAND("bench", "gemm", "grouped expert GEMMs (FP8 block, W4A8 or BF
                      app.add_option("--models", options->models, "dsv3 ml3 ms4 dsv4-flash qwen3-30b");
                      app.add_option("--rows", options->rows_per_expert, "rows per expert");
                      app.add_option("--experts", options->experts, "experts per rank");
+                     app.add_option("--gemms", options->gemms, "which GEMMs to time: 1 (gate/up), 2 (down)")
+                         ->check(CLI::IsMember({1, 2}));
                      app.add_option("--repeats", options->repeats, "timed launches per point (median)");
                      app.add_option("--rows-hint", options->rows_hint,
                                     "rows_per_expert_hint for the tile choice (0 = the rows run)");
