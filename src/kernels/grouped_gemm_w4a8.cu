@@ -86,8 +86,8 @@ std::atomic<int> g_w4a8_v10{-1};
 // for every BF16-out launch.
 // Why the default (H200, docs/grouped_gemm.md "W4A8 v10"): against the old kernels v10 is bit-identical and
 // 1.00-1.13x as fast at 512-4096 rows per expert (dsv3 / ms4 1.00-1.06x, qwen3-30b 1.07-1.13x, GEMM 2 nvfp4 and
-// mxfp4). Hints 65-511 take v10 too by this gate but were NOT measured yet (next device call: bench gemm --gemms 2
-// at 128 / 256 rows, V10=0 vs default); if v10 loses there, raise the lower bound here.
+// mxfp4), and 0.996-1.25x at 128 / 256 rows (exact and multinomial means; dsv3 0.996-1.10x, qwen3-30b 1.07-1.25x;
+// session 17 call 7). Hints <= 64 were not compared (the old kernels' 64-row tiles keep them).
 bool use_v10_kernel(int rows_hint, int n) {
   return w4a8_v10() == 1 && (rows_hint <= 0 || rows_hint > 64) && n % sm90::kW4a8V10BlockN == 0;
 }
