@@ -29,13 +29,15 @@ profile() {  # profile NAME KERNEL-REGEX bench-args...  (skipped once the budget
   "$ncu_bin" --import "$logs/$name.ncu-rep" --page source --print-source sass --csv >"$logs/$name.sass.csv" 2>&1
   gzip -f "$logs/$name.sass.csv"
 }
-g2=sm90_fp8_wide_grouped_gemm_kernel; g1=sm90_fp8_wide_gemm1_kernel
-MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_r1024_c0 "$g2" --models dsv3 --rows 1024
-MEGAMOE_GEMM_CLUSTER=1 profile g2_dsv3_r1024_c1 "$g2" --models dsv3 --rows 1024
-MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_spread512_c0 "$g2" --models dsv3 --rows 512 --rows-spread multinomial
-MEGAMOE_GEMM_CLUSTER=1 profile g1_dsv3_r1024_c1 "$g1" --models dsv3 --rows 1024
-MEGAMOE_GEMM_CLUSTER=0 profile g1_dsv3_r1024_c0 "$g1" --models dsv3 --rows 1024
-MEGAMOE_GEMM_CLUSTER=0 profile g2_qwen3_r1024_c0 "$g2" --models qwen3-30b --rows 1024
+# NOTES: --gemms picks the GEMM the bench times, so the regex cannot catch the other one (session 17 call 2's GEMM 1
+# points profiled nothing: at dsv3 hidden 7168 GEMM 1 runs sm90_fp8_wide_grouped_gemm_kernel, not the gemm1 kernel).
+fp8_gemm='sm90_fp8_(wide_gemm1|wide_grouped_gemm|grouped_gemm)_kernel'
+MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_r1024_c0 "$fp8_gemm" --gemms 2 --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=1 profile g2_dsv3_r1024_c1 "$fp8_gemm" --gemms 2 --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_spread512_c0 "$fp8_gemm" --gemms 2 --models dsv3 --rows 512 --rows-spread multinomial
+MEGAMOE_GEMM_CLUSTER=1 profile g1_dsv3_r1024_c1 "$fp8_gemm" --gemms 1 --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=0 profile g1_dsv3_r1024_c0 "$fp8_gemm" --gemms 1 --models dsv3 --rows 1024
+MEGAMOE_GEMM_CLUSTER=0 profile g2_qwen3_r1024_c0 "$fp8_gemm" --gemms 2 --models qwen3-30b --rows 1024
 rm -f "$logs"/*.ncu-rep
 tar -czf "$out/ncu_gemm2.tgz" -C "$logs" .
 for f in "$logs"/*.details.txt; do

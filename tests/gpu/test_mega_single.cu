@@ -22,7 +22,9 @@ MoeConfig small_config(int max_tokens, WeightFormat format = WeightFormat::kFp8B
 }
 
 // mega vs staged on the same inputs and weights: 0 differing elements. Both run the same GEMM device
-// code per row (W4A8: the same decode, wgmma and promotion pieces of sm90_w4a8_grouped_gemm.cuh) (each output element depends only on its row, its weight column and the fixed k-step
+// arithmetic per row (W4A8: the same decode and the same k-block partial + promotion; staged's BF16-out GEMM 2 runs
+// the v10 kernel at rows hints > 64, bit-identical to the pieces of sm90_w4a8_grouped_gemm.cuh that the fused kernel
+// runs) (each output element depends only on its row, its weight column and the fixed k-step
 // order), round the GEMM-1 output the same way, and on one rank both combines sum a token's k slots
 // in one fp32 fmaf chain in slot order.
 // The split path is staged's pipeline on mega's weights (FP8: the ONE W13, kGateUpInterleaved8, that the fused
