@@ -89,3 +89,18 @@ for name in sorted(marks, key=lambda n: marks[n].get("start", datetime.datetime.
           w[len(w) // 2], w[-1], sum(1 for x in s if x[3] & 0x4) / len(s)))
 PY
 }
+# After ncu profiles NAME.details.txt / NAME.raw.txt in $logs: per point the details lines matching PATTERN (first
+# HEAD_LINES), the STALLS largest stall reasons (cycles per issued instruction) and, if given, the raw metrics
+# matching RAW_PATTERN (name and value).
+#   print_ncu_summary PATTERN HEAD_LINES STALLS [RAW_PATTERN]
+print_ncu_summary() {
+  local f
+  for f in "$logs"/*.details.txt; do
+    echo "== $(basename "$f" .details.txt)"
+    grep -E "$1" "$f" | head -"$2"
+    grep -E "smsp__average_warps?_issue_stalled_[a-z_]+_per_issue_active.ratio" "${f%.details.txt}.raw.txt" | \
+      awk '{print $NF, $1}' | sort -rn | head -"$3"
+    [ -n "${4:-}" ] && grep -E "$4" "${f%.details.txt}.raw.txt" | awk '{print $1, $NF}'
+  done
+  return 0
+}

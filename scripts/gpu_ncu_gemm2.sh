@@ -8,11 +8,13 @@
 # their stall samples (gzipped csv); a short table of duration / throughputs / top stall reasons last. One tgz in $OUT.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
+budget_s=${BUDGET_S:-300}; pack_name=unused.tgz  # device_steps.sh needs both; only print_ncu_summary is used
+source "$(dirname "$0")/device_steps.sh"
 B=${PREBUILT:?source scripts/use_prebuilt.sh NAME first}; cli=$B/megamoe
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: $ncu_bin"
 export CUDA_VISIBLE_DEVICES=0
-start=$(date +%s); budget_s=${BUDGET_S:-300}
+start=$(date +%s)
 profile() {  # profile NAME KERNEL-REGEX bench-args...  (skipped once the budget is spent)
   local name=$1 kernel=$2; shift 2
   if [ $(( $(date +%s) - start )) -gt $(( budget_s - 40 )) ]; then echo "$name skipped (budget)"; return; fi
@@ -40,11 +42,7 @@ MEGAMOE_GEMM_CLUSTER=0 profile g1_dsv3_r1024_c0 "$fp8_gemm" --gemms 1 --models d
 MEGAMOE_GEMM_CLUSTER=0 profile g2_qwen3_r1024_c0 "$fp8_gemm" --gemms 2 --models qwen3-30b --rows 1024
 rm -f "$logs"/*.ncu-rep
 tar -czf "$out/ncu_gemm2.tgz" -C "$logs" .
-for f in "$logs"/*.details.txt; do
-  echo "== $(basename "$f" .details.txt)"
-  grep -E "Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|SM Frequency" "$f" | head -12
-  grep -E "smsp__average_warps?_issue_stalled_[a-z_]+_per_issue_active.ratio" "${f%.details.txt}.raw.txt" | \
-    awk '{print $NF, $1}' | sort -rn | head -6
-  grep -E "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active|sm__inst_executed_pipe_tensor_op_gmma" \
-    "${f%.details.txt}.raw.txt" | head -3
-done
+# NOTES: the tensor-pipe metric is sm__pipe_tensor_cycles_active on this ncu (the gmma-specific names matched nothing
+# in session 17 call 2).
+print_ncu_summary "Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|SM Frequency" \
+  12 6 "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed|smsp__inst_executed.sum "

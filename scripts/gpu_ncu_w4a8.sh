@@ -8,6 +8,8 @@
 # the most stall samples. One tgz in $OUT.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
+budget_s=${BUDGET_S:-300}; pack_name=unused.tgz  # device_steps.sh needs both; only print_ncu_summary is used
+source "$(dirname "$0")/device_steps.sh"
 B=${PREBUILT:?source scripts/use_prebuilt.sh NAME first}; cli=$B/megamoe
 ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 echo "ncu: $ncu_bin"
@@ -34,10 +36,4 @@ profile fp8_dsv3_r8 fp8_grouped --format fp8 --models dsv3 --rows 8
 profile fp8_dsv3_r1024 fp8_grouped --format fp8 --models dsv3 --rows 1024
 rm -f "$logs"/*.ncu-rep
 tar -czf "$out/ncu_w4a8.tgz" -C "$logs" .
-for f in "$logs"/*.details.txt; do
-  echo "== $(basename "$f")"
-  grep -E "sm90_|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Registers Per" "$f" | head -16
-  # the largest stall reasons (cycles per issued instruction), first kernel
-  grep -E "smsp__average_warps?_issue_stalled_[a-z_]+_per_issue_active.ratio" "${f%.details.txt}.raw.txt" | \
-    awk '{print $NF, $1}' | sort -rn | head -8
-done
+print_ncu_summary "sm90_|Duration|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Registers Per" 16 8
