@@ -104,3 +104,25 @@ print_ncu_summary() {
   done
   return 0
 }
+# Nsight Compute (scripts/gpu_ncu_*.sh). ncu_setup finds the binary (into ncu_bin). ncu_profile NAME KERNEL-REGEX
+# LIMIT CMD... profiles the second launch of a kernel matching KERNEL-REGEX in CMD (one warm-up) and writes
+# $logs/NAME.details.txt, NAME.raw.txt and NAME.sass.csv.gz (SASS lines with their stall samples) for
+# print_ncu_summary.
+# NOTES: --clock-control none: METHOD.md leaves the clocks alone (the figures are at the clock the card really runs,
+# power-capped at large M); one launch, since SourceCounters replays the kernel many times.
+ncu_setup() {
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "ncu: $ncu_bin"
+}
+ncu_profile() {
+  local name=$1 kernel=$2 limit=$3; shift 3
+  timeout "$limit" "$ncu_bin" --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    --section LaunchStats --section Occupancy --section SourceCounters --import-source no \
+    -o "$logs/$name" "$@" >"$logs/$name.run.log" 2>&1
+  echo "$name rc=$?"
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page details --print-units base >"$logs/$name.details.txt" 2>&1
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page raw --print-units base >"$logs/$name.raw.txt" 2>&1
+  "$ncu_bin" --import "$logs/$name.ncu-rep" --page source --print-source sass --csv >"$logs/$name.sass.csv" 2>&1
+  gzip -f "$logs/$name.sass.csv"
+}

@@ -8,28 +8,16 @@
 # their stall samples (gzipped csv); a short table of duration / throughputs / top stall reasons last. One tgz in $OUT.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
-budget_s=${BUDGET_S:-300}; pack_name=unused.tgz  # device_steps.sh needs both; only print_ncu_summary is used
+budget_s=${BUDGET_S:-300}; pack_name=unused.tgz  # device_steps.sh needs both (its ncu_* helpers are used)
 source "$(dirname "$0")/device_steps.sh"
 B=${PREBUILT:?source scripts/use_prebuilt.sh NAME first}; cli=$B/megamoe
-ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "ncu: $ncu_bin"
+ncu_setup
 export CUDA_VISIBLE_DEVICES=0
 start=$(date +%s)
 profile() {  # profile NAME KERNEL-REGEX bench-args...  (skipped once the budget is spent)
   local name=$1 kernel=$2; shift 2
   if [ $(( $(date +%s) - start )) -gt $(( budget_s - 40 )) ]; then echo "$name skipped (budget)"; return; fi
-  # NOTES: --clock-control none: METHOD.md leaves the clocks alone; one launch after one warm-up (the points are
-  # milliseconds long and SourceCounters replays the kernel many times).
-  timeout 90 "$ncu_bin" --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-    --section LaunchStats --section Occupancy --section SourceCounters --import-source no \
-    -o "$logs/$name" "$cli" bench gemm --format fp8 --no-cublas --repeats 2 --experts 32 "$@" \
-    >"$logs/$name.run.log" 2>&1
-  echo "$name rc=$?"
-  "$ncu_bin" --import "$logs/$name.ncu-rep" --page details --print-units base >"$logs/$name.details.txt" 2>&1
-  "$ncu_bin" --import "$logs/$name.ncu-rep" --page raw --print-units base >"$logs/$name.raw.txt" 2>&1
-  "$ncu_bin" --import "$logs/$name.ncu-rep" --page source --print-source sass --csv >"$logs/$name.sass.csv" 2>&1
-  gzip -f "$logs/$name.sass.csv"
+  ncu_profile "$name" "$kernel" 90 "$cli" bench gemm --format fp8 --no-cublas --repeats 2 --experts 32 "$@"
 }
 # NOTES: --gemms picks the GEMM the bench times, so the regex cannot catch the other one (session 17 call 2's GEMM 1
 # points profiled nothing: at dsv3 hidden 7168 GEMM 1 runs sm90_fp8_wide_grouped_gemm_kernel, not the gemm1 kernel).

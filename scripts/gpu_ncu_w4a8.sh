@@ -8,24 +8,13 @@
 # the most stall samples. One tgz in $OUT.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
-budget_s=${BUDGET_S:-300}; pack_name=unused.tgz  # device_steps.sh needs both; only print_ncu_summary is used
+budget_s=${BUDGET_S:-300}; pack_name=unused.tgz  # device_steps.sh needs both (its ncu_* helpers are used)
 source "$(dirname "$0")/device_steps.sh"
 B=${PREBUILT:?source scripts/use_prebuilt.sh NAME first}; cli=$B/megamoe
-ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "ncu: $ncu_bin"
+ncu_setup
 profile() {  # profile NAME KERNEL-REGEX bench-args...
   local name=$1 kernel=$2; shift 2
-  timeout 150 "$ncu_bin" --clock-control none --kernel-name "regex:$kernel" --launch-skip 1 --launch-count 2 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-    --section LaunchStats --section Occupancy --section SourceCounters --import-source no \
-    -o "$logs/$name" "$cli" bench gemm --no-cublas --repeats 2 --experts 32 "$@" >"$logs/$name.run.log" 2>&1
-  echo "$name rc=$?"
-  "$ncu_bin" --import "$logs/$name.ncu-rep" --page details --print-units base >"$logs/$name.details.txt" 2>&1
-  "$ncu_bin" --import "$logs/$name.ncu-rep" --page raw --print-units base >"$logs/$name.raw.txt" 2>&1
-  # SASS with per-instruction stall samples (the source page), first profiled kernel only.
-  "$ncu_bin" --import "$logs/$name.ncu-rep" --page source --print-source sass --csv --launch-count 1 \
-    >"$logs/$name.sass.csv" 2>&1
-  gzip -f "$logs/$name.sass.csv"
+  ncu_profile "$name" "$kernel" 150 "$cli" bench gemm --no-cublas --repeats 2 --experts 32 "$@"
 }
 export CUDA_VISIBLE_DEVICES=0
 profile w4a8_nvfp4_dsv3_r8 w4a8 --format nvfp4 --models dsv3 --rows 8
