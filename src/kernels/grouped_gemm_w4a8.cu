@@ -80,6 +80,21 @@ void launch_v10(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmPara
 // -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V10; unset or empty = 1).
 std::atomic<int> g_w4a8_v10{-1};
 
+// A switch read from the environment once per process into `cell` (-1: not read yet), unless an override (set_w4a8_*)
+// stored a value first. parse maps the variable's text (empty when unset) to the value, raising megamoe::Error on a
+// text it does not accept.
+template <class Parse>
+int read_switch_once(std::atomic<int>& cell, const char* name, Parse parse) {
+  int value = cell.load(std::memory_order_relaxed);
+  if (value < 0) {
+    const char* env = std::getenv(name);
+    value = parse(std::string(env ? env : ""));
+    int expected = -1;
+    if (!cell.compare_exchange_strong(expected, value)) value = expected;  // an override won
+  }
+  return value;
+}
+
 // The v10 kernel takes a BF16-out launch (GEMM 2 / plain) when enabled (w4a8_v10() == 1, the default), the rows
 // hint is unknown (<= 0) or above one 64-row tile (hints <= 64 keep the old kernels' 64-row tiles, whose choice
 // choose_w4a8_sub_tiles makes), and n splits into 128-row tiles. V10=0 keeps the old 128 x 256 / 64-row kernels
@@ -181,17 +196,11 @@ void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w,
 }  // namespace
 
 int w4a8_decode() {
-  int value = g_w4a8_decode.load(std::memory_order_relaxed);
-  if (value < 0) {
-    const char* env = std::getenv("MEGAMOE_W4A8_DECODE");
-    const std::string text = env ? env : "";
+  return read_switch_once(g_w4a8_decode, "MEGAMOE_W4A8_DECODE", [](const std::string& text) {
     MEGAMOE_CHECK(text.empty() || text == "auto" || text == "old" || text == "v7" || text == "v8",
                   "MEGAMOE_W4A8_DECODE = '", text, "' must be auto, old, v7 or v8");
-    value = text == "old" ? 0 : text == "v7" ? 1 : text == "v8" ? 2 : 3;
-    int expected = -1;
-    if (!g_w4a8_decode.compare_exchange_strong(expected, value)) value = expected;  // an override won
-  }
-  return value;
+    return text == "old" ? 0 : text == "v7" ? 1 : text == "v8" ? 2 : 3;
+  });
 }
 
 void set_w4a8_decode(int decoder) {
@@ -200,16 +209,10 @@ void set_w4a8_decode(int decoder) {
 }
 
 int w4a8_v10() {
-  int value = g_w4a8_v10.load(std::memory_order_relaxed);
-  if (value < 0) {
-    const char* env = std::getenv("MEGAMOE_W4A8_V10");
-    const std::string text = env ? env : "";
+  return read_switch_once(g_w4a8_v10, "MEGAMOE_W4A8_V10", [](const std::string& text) {
     MEGAMOE_CHECK(text.empty() || text == "0" || text == "1", "MEGAMOE_W4A8_V10 = '", text, "' must be 0 or 1");
-    value = text == "0" ? 0 : 1;
-    int expected = -1;
-    if (!g_w4a8_v10.compare_exchange_strong(expected, value)) value = expected;  // an override won
-  }
-  return value;
+    return text == "0" ? 0 : 1;
+  });
 }
 
 void set_w4a8_v10(int enabled) {

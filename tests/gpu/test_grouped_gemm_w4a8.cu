@@ -381,7 +381,7 @@ std::pair<std::vector<uint8_t>, std::vector<float>> run_gemm1(WeightFormat forma
 
 constexpr WeightFormat kFormats[] = {WeightFormat::kNvfp4, WeightFormat::kMxfp4};
 
-// A BF16-out kernel switched by a process-wide override (kernels::set_w4a8_v10) restores it.
+// A process-wide override (kernels::set_w4a8_v10, set_w4a8_decode) restored when the scope ends.
 struct ScopedSwitch {
   int (*get)();
   void (*set)(int);
@@ -492,11 +492,6 @@ TEST(GroupedGemmW4a8, TwoWarpgroupKernelAt64Rows) {
 // and negative group scales; MXFP4 groups 2^11+ below the block's largest. GEMM 1 (SwiGLU, E4M3 + scales
 // out) and GEMM 2 (BF16 out); small-M and 2-warpgroup kernels (64- and 128-row tiles); 1..1024 rows per
 // expert; K = 2048 and 7168.
-struct ScopedDecoder {
-  int saved = kernels::w4a8_decode();
-  ~ScopedDecoder() { kernels::set_w4a8_decode(saved); }
-};
-
 void perturb_scales(W4a8Problem& p, uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (auto& m : p.w) {
@@ -561,7 +556,7 @@ std::vector<uint8_t> run_raw(const W4a8Problem& p, const PackedDevice& w, bool g
 // decoder: 1 (v7) or 2 (v8), each against 0 (old), on the old kernels (MEGAMOE_W4A8_V10=0 pinned: GEMM 2 at hint
 // 1024 runs the 128 x 256 kernel; v10 is compared with it per decoder by W4a8V10MatchesDefaultBitForBit).
 void expect_decoder_matches_old(int decoder) {
-  const ScopedDecoder restore;
+  const ScopedSwitch restore(kernels::w4a8_decode, kernels::set_w4a8_decode);
   const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
   kernels::set_w4a8_v10(0);
   const std::vector<int> counts = {1, 0, 8, 32, 64, 200, 1024};
@@ -613,14 +608,14 @@ struct VariantCase {
   bool exact;
 };
 
-// A BF16-out variant (set_variant(1)) against the old kernels (set_variant(0)) on the same inputs, byte for byte,
+// W4A8 v10 (set_w4a8_v10(1)) against the old kernels (set_w4a8_v10(0)) on the same inputs, byte for byte,
 // pad rows and rows of no expert poisoned in both: every case x format x decoder the kernels select (old, v8, auto)
 // x rows hint, scales perturbed into the decoders' fallbacks. The large shapes take the exact-input generator
 // (random codes and scale bytes, ternary activations: no host quantization of n x k floats per expert); the
 // perturbation applies to both. Returns the launch pairs compared.
-int expect_variant_matches_default(void (*set_variant)(int), const std::vector<VariantCase>& cases,
-                                   const std::vector<int>& hints, uint64_t seed) {
-  const ScopedDecoder restore_decoder;
+int expect_v10_matches_old(const std::vector<VariantCase>& cases, const std::vector<int>& hints, uint64_t seed) {
+  const ScopedSwitch restore_decoder(kernels::w4a8_decode, kernels::set_w4a8_decode);
+  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
   int compared = 0;
   for (WeightFormat f : kFormats) {
     for (const VariantCase& c : cases) {
@@ -631,11 +626,10 @@ int expect_variant_matches_default(void (*set_variant)(int), const std::vector<V
         kernels::set_w4a8_decode(decoder);
         for (int hint : hints) {
           SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint));
-          set_variant(0);
+          kernels::set_w4a8_v10(0);
           const std::vector<uint8_t> default_out = run_raw(p, w, false, hint);
-          set_variant(1);
+          kernels::set_w4a8_v10(1);
           const std::vector<uint8_t> variant_out = run_raw(p, w, false, hint);
-          set_variant(0);
           EXPECT_EQ(default_out.size(), variant_out.size());
           if (default_out.size() != variant_out.size()) continue;
           int64_t differ = 0, first = -1, unpoisoned = 0;
@@ -657,7 +651,7 @@ int expect_variant_matches_default(void (*set_variant)(int), const std::vector<V
 }
 
 // W4A8 v10 (kernels::set_w4a8_v10(1), the default): the 128 x 128 v11-skeleton kernel against the old BF16-out
-// kernels (set_w4a8_v10(0); both pinned by expect_variant_matches_default, whatever MEGAMOE_W4A8_V10 says):
+// kernels (set_w4a8_v10(0); both pinned by expect_v10_matches_old, whatever MEGAMOE_W4A8_V10 says):
 // experts of 0, 1, 63, 64, 65, 127, 128, 129, 300, 1000 rows (tiles whose second math warpgroup has no row: 1, 63,
 // 64, 129, ...; a buffer of 50 rows, less than one 128-row A box), K up to 7168, N 7168 (dsv3 GEMM 2), 2048 and 256;
 // rows hints 0 (unknown), 65 (the smallest v10 takes) and 1024, against the old kernels at the same hint. 72 launch
@@ -671,8 +665,7 @@ const std::vector<VariantCase> kV10Cases = {
 
 TEST(GroupedGemmW4a8, W4a8V10MatchesDefaultBitForBit) {
   MEGAMOE_REQUIRE_GPUS(1);
-  const ScopedSwitch restore_v10(kernels::w4a8_v10, kernels::set_w4a8_v10);
-  const int compared = expect_variant_matches_default(kernels::set_w4a8_v10, kV10Cases, {0, 65, 1024}, 1701);
+  const int compared = expect_v10_matches_old(kV10Cases, {0, 65, 1024}, 1701);
   std::printf("w4a8 v10 vs old kernels: %d launch pairs compared\n", compared);
 }
 
