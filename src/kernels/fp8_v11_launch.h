@@ -35,6 +35,12 @@ void launch_v11_kernel(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   if constexpr (kTmaScales)
     scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
                                      Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
+  // Layout::kOutMapRows > 0 (the BF16-out kernel, wide_bf16_epilogue_tma): out [m_capacity, n] BF16 as bytes, boxes
+  // of 128 bytes (64 columns) x kOutMapRows rows, 128-byte swizzle. Otherwise an unused copy of the A map.
+  CUtensorMap out_map = a_map;
+  if constexpr (Layout::kOutMapRows > 0)
+    out_map = make_byte_tensor_map(params.out, static_cast<uint64_t>(params.n) * 2, params.m_capacity, 128,
+                                   Layout::kOutMapRows, CU_TENSOR_MAP_SWIZZLE_128B);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   auto* kernel = kKernel;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
@@ -43,9 +49,10 @@ void launch_v11_kernel(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   if constexpr (kCluster) {
     static std::array<std::atomic<int>, kClusterGridDevices> grids{};  // per device, this instantiation
     launch_cluster_kernel(kernel, cluster_grid(kernel, shared_bytes, grids), shared_bytes, stream, a_map, b_map,
-                          scale_map, ordered);
+                          scale_map, out_map, ordered);
   } else {
-    kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, ordered);
+    kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, out_map,
+                                                                                     ordered);
     MEGAMOE_LAUNCH_CHECK();
   }
 }

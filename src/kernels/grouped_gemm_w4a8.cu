@@ -36,10 +36,11 @@ constexpr int max_stages() {
   return stages;
 }
 
-// Tensor maps, shared memory and the launch of a standalone W4A8 kernel with layout Layout.
-template <class Layout, class Kernel>
+// Tensor maps, shared memory and the launch of a standalone W4A8 kernel with layout Layout; extra_maps (v10's out
+// map) go between the B map and the parameters.
+template <class Layout, class Kernel, class... ExtraMaps>
 void launch_kernel(Kernel* kernel, int threads, const uint8_t* a, const uint8_t* weight_data,
-                   const W4a8GemmParams& params, cudaStream_t stream) {
+                   const W4a8GemmParams& params, cudaStream_t stream, const ExtraMaps&... extra_maps) {
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= kSharedMemoryLimit, "W4A8 config overflows shared memory");
   const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, params.k, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map = detail::make_byte_tensor_map(
@@ -47,7 +48,7 @@ void launch_kernel(Kernel* kernel, int threads, const uint8_t* a, const uint8_t*
       Layout::kBlockN, CU_TENSOR_MAP_SWIZZLE_64B);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  kernel<<<detail::grouped_gemm_sm_count(), threads, shared_bytes, stream>>>(a_map, b_map, params);
+  kernel<<<detail::grouped_gemm_sm_count(), threads, shared_bytes, stream>>>(a_map, b_map, extra_maps..., params);
   MEGAMOE_LAUNCH_CHECK();
 }
 
@@ -73,8 +74,13 @@ template <Fp4Format kFormat>
 void launch_v10(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
   constexpr int kStages = max_stages<sm90::W4a8V10Layout<1, kFormat>>();
   static_assert(kStages == sm90::kW4a8V10Stages, "the shared-memory budget in sm90_w4a8_v10_grouped_gemm.cuh's NOTES");
-  launch_kernel<sm90::W4a8V10Layout<kStages, kFormat>>(&sm90::sm90_w4a8_v10_grouped_gemm_kernel<kStages, kFormat>,
-                                                       sm90::kThreadsPerCta, a, weight_data, params, stream);
+  using Layout = sm90::W4a8V10Layout<kStages, kFormat>;
+  // wide_bf16_epilogue_tma's out map: out [m_capacity, n] BF16 as bytes, boxes of 128 bytes x kOutMapRows rows.
+  const CUtensorMap out_map = detail::make_byte_tensor_map(params.out, static_cast<uint64_t>(params.n) * 2,
+                                                           params.m_capacity, 128, Layout::kOutMapRows,
+                                                           CU_TENSOR_MAP_SWIZZLE_128B);
+  launch_kernel<Layout>(&sm90::sm90_w4a8_v10_grouped_gemm_kernel<kStages, kFormat>, sm90::kThreadsPerCta, a,
+                        weight_data, params, stream, out_map);
 }
 
 // -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V10; unset or empty = 1).

@@ -63,6 +63,7 @@ struct WideGemm1Layout {
   static constexpr int kBlockM = kBlockMValue;
   static constexpr int kBlockN = 256;  // packed gate/up columns: 128 outputs
   static constexpr int kClusterSize = kClusterSizeValue;
+  static constexpr int kOutMapRows = 0;  // FP8 rows by 1-D bulk copies: no out map (launch_v11_kernel)
   static constexpr int kStageCount = 4;
   static constexpr bool kScalesInShared = true;
   static constexpr bool kTmaScales = kTmaScalesValue;
@@ -277,7 +278,9 @@ __device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout
 template <bool kTmaScales, int kBlockMValue = 128, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                               const __grid_constant__ CUtensorMap scale_map, const GroupedGemmParams params) {
+                               const __grid_constant__ CUtensorMap scale_map,
+                               const __grid_constant__ CUtensorMap /*out_map: unused (launch_v11_kernel's BF16-out map)*/,
+                               const GroupedGemmParams params) {
   static_assert(!kCluster || kBlockMValue == 128, "clusters: the 128 x 256 tile");
   using Layout = WideGemm1Layout<kTmaScales, kBlockMValue, kCluster ? 2 : 1>;
   constexpr int kBlockM = Layout::kBlockM;

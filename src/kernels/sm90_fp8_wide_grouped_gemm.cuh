@@ -14,7 +14,7 @@
 //   the expert's end) and the two B block scales of the stage with cp.async (produce_fp8_scales).
 // - warpgroups 1, 2: tile rows [64 w, 64 w + 64) (w = math warpgroup), all kBlockN columns: per k-block
 //   wait `full`, read the scales, ONE group of 4 wgmma m64n{kBlockN}k32, commit, wait 0, release the stage,
-//   promote kBlockN / 2 FFMA. Then the BF16 epilogue through per-warp staging rows and 1-D bulk copies.
+//   promote kBlockN / 2 FFMA. Then the BF16 epilogue through per-warp swizzled staging and TMA tensor stores.
 // NOTES:
 // - Uniformity (the point of v11; v10's k-block had 4 R2UR per wgmma): the warpgroup index, the tile loop
 //   bound and every per-tile value are broadcast from lane 0 with __shfl_sync, so the tile loop and the k
@@ -48,10 +48,10 @@ namespace megamoe::kernels::sm90 {
 // Shared-memory layout of the v11 kernel, in the member names Fp8GemmShared, produce_fp8_tile_trimmed and
 // produce_fp8_scales read. Tiles, then BF16 staging (8 math warps x kStagingRowsPerWarp rows x pitch), then
 // the scale ring ([kStages][kBlockM + 2]), barriers, the expert tile table.
-//   128 x 128, 6 stages:  196,608 tiles + 17,408 staging (8 rows) + 3,120 scales -> 230,556 B at 1024 experts
-//   128 x 192, 4 stages:  163,840 tiles + 51,200 staging (16 rows) + 2,080 scales -> 230,508 B
-// kTmaScales: 128 x 128: 4,096 A-scale ring (2 groups) + 48 B scales -> 231,580 B; 128 x 192: 2,048 (1
-// group) + 32 -> 230,508 B.
+//   128 x 128, 6 stages:  196,608 tiles + 16,384 staging (8 rows) + 3,120 scales -> 229,532 B at 1024 experts
+//   128 x 192, 4 stages:  163,840 tiles + 49,152 staging (16 rows) + 2,080 scales -> 228,460 B
+// kTmaScales: 128 x 128: 4,096 A-scale ring (2 groups) + 48 B scales -> 230,556 B; 128 x 192: 2,048 (1
+// group) + 32 -> 228,460 B.
 // (with 96 / 64 B of barriers, the 12,300 B tile table at kMaxExperts and 1,024 B alignment slack; the
 // limit is 232,448 B).
 // kClusterSizeValue: 1, or 2 for the cluster kernel (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters"):
@@ -76,12 +76,16 @@ struct WideFp8Layout {
   static constexpr int kBBlockRows = kBlockN / kClusterSize;
   static constexpr int kBBlockBytes = kBBlockRows * kBlockK;
   static_assert(kBBlockRows % 8 == 0 && kBBlockBytes % 1024 == 0, "B parts: whole 128-byte swizzle atoms");
-  // Staging: row pitch kBlockN BF16 + 16 B (words = 4 mod 32: the conflict-free pattern of kBf16StagingPitch).
-  static constexpr int kStagingPitch = kBlockN * 2 + 16;
-  static_assert((kStagingPitch / 4) % 32 == 4 && kStagingPitch % 16 == 0, "staging bank math");
+  // Staging of wide_bf16_epilogue_tma: per math warp kStagingRowsPerWarp rows x kBlockN BF16 as kBlockN / 64 boxes
+  // of the out map ([kStagingRowsPerWarp rows][128 B], 128-byte swizzle: whole 1024-byte atoms, so every box is
+  // 1024-byte aligned from the 1024-aligned stage end).
   static constexpr int kStagingRowsPerWarp = kBlockN == 128 ? 8 : 16;  // 8: one row half per chunk
+  static constexpr int kOutMapRows = kStagingRowsPerWarp;               // the out map's box rows (launch_v11_kernel)
+  static constexpr int kOutBoxBytes = kStagingRowsPerWarp * 128;
+  static constexpr int kStagingBytesPerWarp = (kBlockN / 64) * kOutBoxBytes;
+  static_assert(kOutBoxBytes % 1024 == 0, "out boxes: whole 128-byte swizzle atoms");
   static constexpr int kStagingOffset = kTilesBytes;
-  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingRowsPerWarp * kStagingPitch;
+  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingBytesPerWarp;
   // kTmaScales (MEGAMOE_FP8_V11_TMA_SCALES=1, K % 512 == 0): a ring of kAScaleGroups A-scale tiles of 4
   // k-blocks ([kBlockM rows][4] fp32, 2 KiB, one TMA box each; see wide_produce_tile_tma_scales), then the
   // per-stage B scales only ([kStages][2]). Otherwise no ring and the per-stage [kBlockM + 2] slot.
@@ -282,29 +286,44 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop_tma_scales(float (&accumu
   }
 }
 
-// BF16 epilogue of one math warpgroup's 64 x kBlockN accumulator (the v8 store_bf16_epilogue_bulk scheme,
-// kBlockN columns, clipped to n): warp w stages its rows 16 w .. 16 w + 15 in its own staging rows and
-// copies each valid row (< m_end) with one 1-D bulk copy of row_bytes = 2 min(kBlockN, n - n0) bytes.
-// warp_staging: this warp's kStagingRowsPerWarp x kStagingPitch bytes; first_row: global row of the
-// warp's fragment row 0; out_tile: out + n0 (column 0 of the tile in row 0); out_cols = n.
-// NOTES: ownership, the read-wait before rewriting staging rows (bulk_wait_all_read of the previous
-// tile's copies), fence.proxy.async + __syncwarp before the copies, and bank math: as
-// store_bf16_epilogue_bulk (pitch words = 4 mod 32). The caller runs bulk_wait_all() before exiting.
+// BF16 epilogue of one math warpgroup's 64 x kBlockN accumulator by TMA tensor stores (docs/grouped_gemm.md
+// "v11 TMA-store epilogue"): warp w converts its rows 16 w .. 16 w + 15 in chunks of kStagingRowsPerWarp rows (8: one
+// row half per chunk, 16: both), writes a chunk into its staging as kBlockN / 64 swizzled boxes, and lane 0 stores
+// each box holding a column < out_cols with ONE cp.async.bulk.tensor (out_map: [m_capacity rows][out_cols BF16] as
+// bytes, box [kStagingRowsPerWarp rows][128 B], 128-byte swizzle; columns past out_cols are clipped by TMA).
+// A chunk with a row >= m_end (the expert's last m-tile; its rows past m_end are the next expert's or pad rows)
+// stores its valid rows from registers instead (st.global of each lane's BF16 pairs).
+// warp_staging: this warp's kStagingBytesPerWarp (1024-byte aligned); first_row: global row of the warp's fragment
+// row 0; n0: the tile's first column.
+// NOTES:
+// - Why: the previous form (v8's store_bf16_epilogue_bulk scheme) issued one 1-D bulk copy per row from a
+//   lane-divergent branch, which the compiler turns into a loop of R2UR + vote + UBLKCP over the lanes (16 per warp
+//   and tile); ncu put 17% of qwen3-30b GEMM 2's stall samples there (session 17 call 2). Here: kBlockN / 64 stores
+//   per chunk, issued by lane 0 with uniform coordinates.
+// - Bank math: lane l writes 4 bytes at row l / 4 (+ 8 for the second half), 16-byte chunk j % 8 of box j / 8,
+//   i.e. at row * 128 + ((j % 8) ^ (row % 8)) * 16 + 4 (l % 4): for one j the 8 rows hit 8 distinct 16-byte chunks,
+//   so the 32 lanes hit 32 distinct banks.
+// - Reuse: before a chunk overwrites the staging, lane 0 waits until its earlier stores finished READING shared
+//   memory (bulk_wait_all_read; the only lane with bulk groups), then __syncwarp; the writes are made visible to the
+//   async proxy (fence_proxy_async_shared) before the __syncwarp that precedes the stores. The caller runs
+//   bulk_wait_all() before exiting.
+// - Same BF16 values as that form (__floats2bfloat162_rn of the same FP32): outputs bit-identical.
 template <class Layout>
-__device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[Layout::kBlockN / 2],
-                                                   uint8_t* warp_staging, int first_row, int m_end,
-                                                   __nv_bfloat16* out_tile, int out_cols, uint32_t row_bytes) {
+__device__ __forceinline__ void wide_bf16_epilogue_tma(const float (&accumulator)[Layout::kBlockN / 2],
+                                                       uint8_t* warp_staging, int first_row, int m_end,
+                                                       const CUtensorMap* out_map, __nv_bfloat16* out, int n0,
+                                                       int out_cols) {
   constexpr int kGroupsJ = Layout::kBlockN / 8;
   constexpr int kRowsPerChunk = Layout::kStagingRowsPerWarp;  // 16: both row halves at once; 8: one
   constexpr int kChunks = 16 / kRowsPerChunk;
   constexpr int kHalvesPerChunk = 2 / kChunks;
-  constexpr int kPitch = Layout::kStagingPitch;
+  constexpr int kBoxes = Layout::kBlockN / 64;
   const int lane = threadIdx.x % 32;
-  const uint32_t lane_address = smem_address(warp_staging) + (lane / 4) * kPitch + (lane % 4) * 4;
+  const int valid_cols = min(Layout::kBlockN, out_cols - n0);
+  const uint32_t staging = smem_address(warp_staging);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
-    const int row = first_row + (kChunks == 1 ? lane : 8 * c + lane);
-    const bool copies = lane < kRowsPerChunk && row < m_end;
+    const int chunk_row0 = first_row + 8 * c;  // kChunks == 1: c = 0, rows first_row .. + 15
     uint32_t pairs[kHalvesPerChunk][kGroupsJ];
 #pragma unroll
     for (int i = 0; i < kHalvesPerChunk; ++i) {
@@ -315,19 +334,38 @@ __device__ __forceinline__ void wide_bf16_epilogue(const float (&accumulator)[La
         pairs[i][j] = *reinterpret_cast<const uint32_t*>(&v);
       }
     }
-    bulk_wait_all_read();
-    __syncwarp();
+    if (chunk_row0 + kRowsPerChunk <= m_end) {  // uniform: every row of the chunk is the expert's
+      bulk_wait_all_read();
+      __syncwarp();
 #pragma unroll
-    for (int i = 0; i < kHalvesPerChunk; ++i)
+      for (int i = 0; i < kHalvesPerChunk; ++i) {
+        const int row = lane / 4 + 8 * i;  // row inside the chunk
 #pragma unroll
-      for (int j = 0; j < kGroupsJ; ++j) st_shared_b32(lane_address + i * 8 * kPitch + 16 * j, pairs[i][j]);
-    fence_proxy_async_shared();
-    __syncwarp();
-    if (lane < kRowsPerChunk) {
-      if (copies)
-        bulk_copy_shared_to_global(out_tile + static_cast<int64_t>(row) * out_cols, warp_staging + lane * kPitch,
-                                   row_bytes);
-      bulk_commit_group();
+        for (int j = 0; j < kGroupsJ; ++j)
+          st_shared_b32(staging + (j / 8) * Layout::kOutBoxBytes + row * 128 + (((j % 8) ^ (lane / 4)) * 16) +
+                            (lane % 4) * 4,
+                        pairs[i][j]);
+      }
+      fence_proxy_async_shared();
+      __syncwarp();
+      if (lane == 0) {
+#pragma unroll
+        for (int b = 0; b < kBoxes; ++b)
+          if (64 * b < valid_cols)
+            tma_store_2d(out_map, warp_staging + b * Layout::kOutBoxBytes, (n0 + 64 * b) * 2, chunk_row0);
+        bulk_commit_group();
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kHalvesPerChunk; ++i) {
+        const int row = chunk_row0 + lane / 4 + 8 * i;
+        if (row < m_end) {
+          uint32_t* const out_row = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * out_cols + n0);
+#pragma unroll
+          for (int j = 0; j < kGroupsJ; ++j)
+            if (8 * j + 2 * (lane % 4) < valid_cols) out_row[4 * j + lane % 4] = pairs[i][j];
+        }
+      }
     }
   }
   __syncwarp();
@@ -515,7 +553,8 @@ template <int kBlockN, bool kTmaScales, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                       const __grid_constant__ CUtensorMap b_map,
-                                      const __grid_constant__ CUtensorMap scale_map, const GroupedGemmParams params) {
+                                      const __grid_constant__ CUtensorMap scale_map,
+                                      const __grid_constant__ CUtensorMap out_map, const GroupedGemmParams params) {
   using Layout = WideFp8Layout<kBlockN, kTmaScales, kCluster ? 2 : 1>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kStages = Layout::kStageCount;
@@ -579,9 +618,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
     const uint32_t b_descriptor0 =
         __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.b_tiles)), 0);
-    uint8_t* const warp_staging =
-        smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingRowsPerWarp * Layout::kStagingPitch;
+    uint8_t* const warp_staging = smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingBytesPerWarp;
     __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
+    if (threadIdx.x % 128 == 0) prefetch_tensor_map(&out_map);
 
     int stage = 0;
     uint32_t phase = 0;
@@ -631,9 +670,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
           wide_fp8_tile_mainloop<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                             scale_row, stage, phase);
       }
-      const uint32_t row_bytes = static_cast<uint32_t>(min(kBlockN, params.n - n0)) * 2u;
-      wide_bf16_epilogue<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, out + n0,
-                                 params.n, row_bytes);
+      wide_bf16_epilogue_tma<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, &out_map,
+                                     out, n0, params.n);
     }
     bulk_wait_all();
   }

@@ -125,6 +125,16 @@ __device__ __forceinline__ void bulk_copy_shared_to_global(void* global_destinat
                                                            uint32_t bytes) {
   cuda::ptx::cp_async_bulk(cuda::ptx::space_global, cuda::ptx::space_shared, global_destination, smem_source, bytes);
 }
+// 2-D TMA store shared -> global of one box of tensor_map at (inner, outer), committed into this thread's bulk
+// groups (bulk_commit_group / bulk_wait_*). NOTES: the box's shared image must be visible to the async proxy first
+// (fence_proxy_async_shared by its writers, then a barrier with the issuing thread); elements past the tensor's
+// bounds are not written (TMA clips the box).
+__device__ __forceinline__ void tma_store_2d(const void* tensor_map, const void* smem_source, int32_t inner,
+                                             int32_t outer) {
+  const int32_t coordinates[2] = {inner, outer};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, tensor_map, coordinates,
+                                  smem_source);
+}
 __device__ __forceinline__ void bulk_commit_group() { cuda::ptx::cp_async_bulk_commit_group(); }
 // All of this thread's bulk groups have finished READING their shared-memory source (it may be reused).
 __device__ __forceinline__ void bulk_wait_all_read() { cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); }

@@ -20,7 +20,7 @@
 //   bar.sync 256 (decoded kb visible) -> 4 wgmma (A of the stage, B = decoded kb) + commit -> wait `full` of
 //   kb+1, decode kb+1 into the other buffer (overlaps the tensor cores) -> wait 0 -> release the stage ->
 //   promote acc += partial * fl(a_scale * factor).
-// Epilogue: wide_bf16_epilogue (v11's: per-warp staging rows, one 1-D bulk copy per valid row).
+// Epilogue: wide_bf16_epilogue_tma (v11's: per-warp swizzled staging, TMA tensor stores; partial chunks from registers).
 //
 // NOTES:
 // - Handoff of a decoded buffer: a named barrier over the 256 math threads (kW4a8V10DecodeBarrier), every thread
@@ -72,8 +72,8 @@ constexpr uint32_t kW4a8V10DecodeBarrier = kW4a8DecodeBarrier;
 
 // The names W4a8GemmShared, produce_w4a8_tile, produce_w4a8_scales and run_w4a8_producer_warpgroup read (as
 // W4a8GemmLayout), for the 128 x 128 tile whose ONE decoded 128 x 128 B tile (double-buffered) both math
-// warpgroups read, with the BF16 staging rows of wide_bf16_epilogue: kStagingRowsPerWarp rows of kStagingPitch
-// bytes per math warp, at kExchangeOffset = W4a8GemmShared::bf16_staging (NOTES "Shared memory").
+// warpgroups read, with the BF16 staging of wide_bf16_epilogue_tma: kStagingBytesPerWarp bytes per math warp, at
+// kExchangeOffset = W4a8GemmShared::bf16_staging (NOTES "Shared memory").
 template <int kStages, Fp4Format kFormat>
 struct W4a8V10Layout {
   static constexpr int kSubTiles = 1;  // one 64-row sub-tile per math warpgroup
@@ -91,11 +91,15 @@ struct W4a8V10Layout {
   static constexpr int kAOffset = kDecodedOffset + 2 * kDecodedBytes;
   static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
   static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
-  static constexpr int kExchangeOffset = kScaleOffset + kStages * kScaleBytes;  // BF16 staging, no exchange
-  // BF16 staging of wide_bf16_epilogue: row pitch kBlockN BF16 + 16 B (words = 4 mod 32, WideFp8Layout's).
+  // BF16 staging, no exchange; 1024-aligned for the swizzled TMA-store boxes (already at 6 stages: no bytes added).
+  static constexpr int kExchangeOffset = (kScaleOffset + kStages * kScaleBytes + 1023) / 1024 * 1024;
+  // BF16 staging of wide_bf16_epilogue_tma (WideFp8Layout's for 128 x 128): per math warp 8 rows as two 1024-byte
+  // swizzled boxes of the out map.
   static constexpr int kStagingRowsPerWarp = 8;
-  static constexpr int kStagingPitch = kBlockN * 2 + 16;
-  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingRowsPerWarp * kStagingPitch;
+  static constexpr int kOutMapRows = kStagingRowsPerWarp;
+  static constexpr int kOutBoxBytes = kStagingRowsPerWarp * 128;
+  static constexpr int kStagingBytesPerWarp = (kBlockN / 64) * kOutBoxBytes;
+  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingBytesPerWarp;
   // Scale ring: per stage kBlockM A scales (0 past the expert's end), then the tile's {factor, p} at [kBlockM].
   static constexpr int kScaleRecords = kBlockN / 128;
   static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
@@ -111,7 +115,7 @@ struct W4a8V10Layout {
   static_assert(kBlockM == 64 * kMathWarpgroups, "one 64-row sub-tile per math warpgroup");
   static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
                 "stage alignment");
-  static_assert(kExchangeOffset % 16 == 0 && kStagingPitch % 16 == 0, "bulk copies read 16-byte aligned staging rows");
+  static_assert(kExchangeOffset % 1024 == 0 && kOutBoxBytes % 1024 == 0, "TMA-store boxes: 128-byte swizzle atoms");
 };
 
 // One tile of math warpgroup `math_wg` (zeroes `accumulator`): decode (half the shared 128 x 128 weight tile) +
@@ -181,7 +185,8 @@ __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64],
 template <int kStages, Fp4Format kFormat>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_w4a8_v10_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
-                                      const __grid_constant__ CUtensorMap b_map, const W4a8GemmParams params) {
+                                      const __grid_constant__ CUtensorMap b_map,
+                                      const __grid_constant__ CUtensorMap out_map, const W4a8GemmParams params) {
   using Layout = W4a8V10Layout<kStages, kFormat>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
@@ -221,8 +226,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const uint32_t a_descriptor0 = __shfl_sync(
       0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
   const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.decoded)), 0);
-  uint8_t* const warp_staging =
-      smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingRowsPerWarp * Layout::kStagingPitch;
+  uint8_t* const warp_staging = smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingBytesPerWarp;
+  if (threadIdx.x % 128 == 0) prefetch_tensor_map(&out_map);
   __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
 
   int stage = 0;
@@ -240,8 +245,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     w4a8_v10_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, math_thread, scale_row,
                                    a_descriptor0, b_descriptor0, stage, phase, count, params.decoder);
     if (active)
-      wide_bf16_epilogue<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, out + n0,
-                                 params.n, kBlockN * 2u);
+      wide_bf16_epilogue_tma<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, &out_map,
+                                     out, n0, params.n);
   }
   bulk_wait_all();
 }
