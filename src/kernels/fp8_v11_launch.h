@@ -35,7 +35,7 @@ void launch_v11_kernel(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   if constexpr (kTmaScales)
     scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
                                      Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
-  // Layout::kOutMapRows > 0 (the BF16-out kernel, wide_bf16_epilogue_tma): out [m_capacity, n] BF16 as bytes, boxes
+  // Layout::kOutMapRows > 0 (the BF16-out kernel, store_bf16_epilogue_tma): out [m_capacity, n] BF16 as bytes, boxes
   // of 128 bytes (64 columns) x kOutMapRows rows, 128-byte swizzle. Otherwise an unused copy of the A map.
   CUtensorMap out_map = a_map;
   if constexpr (Layout::kOutMapRows > 0)

@@ -58,15 +58,21 @@ void launch_wide_impl(const uint16_t* a, const uint16_t* weights, const Bf16Grou
   const CUtensorMap a_map = detail::make_grouped_gemm_tensor_map(a, row_bytes, params.m_capacity, Layout::kBlockM);
   const CUtensorMap b_map = detail::make_grouped_gemm_tensor_map(
       weights, row_bytes, static_cast<uint64_t>(params.num_experts) * params.n, Layout::kBBlockRows);
+  // store_bf16_epilogue_tma's out map: out [m_capacity, out columns] BF16 as bytes (n plain, n / 2 after SwiGLU),
+  // boxes of 128 bytes (64 columns) x kOutMapRows rows, 128-byte swizzle.
+  const uint64_t out_columns = kEpilogue == Bf16Epilogue::kStoreBf16 ? params.n : params.n / 2;
+  const CUtensorMap out_map = detail::make_byte_tensor_map(params.out, 2 * out_columns, params.m_capacity, 128,
+                                                           Layout::kOutMapRows, CU_TENSOR_MAP_SWIZZLE_128B);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   auto* kernel = &sm90::sm90_bf16_wide_grouped_gemm_kernel<kEpilogue, kCluster>;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   if constexpr (kCluster) {
     static std::array<std::atomic<int>, detail::kClusterGridDevices> grids{};  // per device, this instantiation
     detail::launch_cluster_kernel(kernel, detail::cluster_grid(kernel, shared_bytes, grids), shared_bytes, stream,
-                                  a_map, b_map, params);
+                                  a_map, b_map, out_map, params);
   } else {
-    kernel<<<detail::grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, params);
+    kernel<<<detail::grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, out_map,
+                                                                                           params);
     MEGAMOE_LAUNCH_CHECK();
   }
 }

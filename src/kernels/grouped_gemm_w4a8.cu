@@ -75,7 +75,7 @@ void launch_v10(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmPara
   constexpr int kStages = max_stages<sm90::W4a8V10Layout<1, kFormat>>();
   static_assert(kStages == sm90::kW4a8V10Stages, "the shared-memory budget in sm90_w4a8_v10_grouped_gemm.cuh's NOTES");
   using Layout = sm90::W4a8V10Layout<kStages, kFormat>;
-  // wide_bf16_epilogue_tma's out map: out [m_capacity, n] BF16 as bytes, boxes of 128 bytes x kOutMapRows rows.
+  // store_bf16_epilogue_tma's out map: out [m_capacity, n] BF16 as bytes, boxes of 128 bytes x kOutMapRows rows.
   const CUtensorMap out_map = detail::make_byte_tensor_map(params.out, static_cast<uint64_t>(params.n) * 2,
                                                            params.m_capacity, 128, Layout::kOutMapRows,
                                                            CU_TENSOR_MAP_SWIZZLE_128B);

@@ -260,15 +260,15 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
 // (80 B/cycle) vs m64n128k16's 2 + 4 KiB per 64 cycles (96 B/cycle).
 // Epilogues: kStoreBf16 (GEMM 2 / plain: each 128-column half through store_bf16_epilogue_bulk) and
 // kSwigluInterleavedBf16 (GEMM 1 on kGateUpInterleaved8 weights: act(gate, up) in-thread, then one
-// 128-column output half through store_bf16_epilogue_bulk).
+// 128-column output half through store_bf16_epilogue_tma).
 //
 // Byte budget (kStages = 4, kStagingRows = 32, kMaxExperts = 1024; the limit is 227 KiB = 232,448 B):
 //   4 x (A 16,384 + B 32,768)           196,608
-//   staging 2 x 32 x 272                 17,408   (64 rows would be 34,816: 244,812 in all, over)
+//   staging 8 warps x 2 boxes x 1,024    16,384   (store_bf16_epilogue_tma: 8 rows x 128 columns per warp and chunk)
 //   full/empty mbarriers 2 x 4 x 8           64
 //   ExpertTileTable 3 x 4 x 1025         12,300
 //   alignment slack                       1,024
-//   total                               227,404   (5,044 B to spare)
+//   total                               226,380   (6,068 B to spare)
 // kClusterSizeValue 2: the cluster kernel (MEGAMOE_BF16_CLUSTER=1; docs/grouped_gemm.md "BF16 clusters"): the same
 // bytes; `empty` counts the math warps of both CTAs (Fp8GemmShared::init_barriers), B arrives in two 128-row parts.
 template <int kStages, int kStagingRows, int kClusterSizeValue = 1>
@@ -290,11 +290,15 @@ struct Bf16WideLayout {
   static constexpr int kBBlockRows = kBlockN / kClusterSize;
   static constexpr int kBBlockBytes = kBBlockRows * kBlockK;
   static_assert(kBBlockRows % 8 == 0 && kBBlockBytes % 1024 == 0, "B parts: whole 128-byte swizzle atoms");
-  static_assert(kStagingRows == 32 || kStagingRows == 64, "store_bf16_epilogue_bulk chunks");
+  // Staging of store_bf16_epilogue_tma: kStagingRows rows per math warpgroup and chunk = kStagingRows / 4 rows per
+  // warp (8: one row half of the warp's 16 per chunk, 16: both), 128 columns = two swizzled boxes of the out map.
+  static_assert(kStagingRows == 32 || kStagingRows == 64, "store_bf16_epilogue_tma chunks of 8 / 16 rows per warp");
   static constexpr int kStagingRowsValue = kStagingRows;
-  static constexpr int kStagingBytes = kMathWarpgroups * kStagingRows * kBf16StagingPitch;
+  static constexpr int kOutMapRows = kStagingRows / 4;  // the out map's box rows (launch_wide_impl)
+  static constexpr int kStagingBytesPerWarp = bf16_tma_staging_bytes_per_warp<128, kOutMapRows>();
+  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingBytesPerWarp;
   static constexpr int kStagingOffset = kTilesBytes;
-  static_assert(kStagingOffset % 16 == 0, "bulk copies read the staging rows at 16-byte aligned addresses");
+  static_assert(kStagingOffset % 1024 == 0, "TMA-store boxes start 1024-byte aligned (128-byte swizzle)");
   static constexpr bool kScalesInShared = false;  // (Fp8GemmShared's interface; BF16 has no scales)
   static constexpr int kScalesOffset = kTilesBytes + kStagingBytes;
   static constexpr int kBarrierOffset = kScalesOffset;
@@ -304,10 +308,10 @@ struct Bf16WideLayout {
 constexpr int kBf16WideStages = 4;
 constexpr int kBf16WideStagingRows = 32;
 using Bf16WideStandaloneLayout = Bf16WideLayout<kBf16WideStages, kBf16WideStagingRows>;
-static_assert(Bf16WideStandaloneLayout::shared_bytes(kMaxExperts) == 227404, "the byte budget above");
+static_assert(Bf16WideStandaloneLayout::shared_bytes(kMaxExperts) == 226380, "the byte budget above");
 static_assert(Bf16WideStandaloneLayout::shared_bytes(kMaxExperts) <= kSharedBytesPerCta, "BF16 v2 tile overflows 227 KiB");
 static_assert(Bf16WideLayout<kBf16WideStages, 64>::shared_bytes(kMaxExperts) > kSharedBytesPerCta,
-              "64 staging rows fit: use them (one bulk-read wait per 64 rows instead of per 32)");
+              "64 staging rows fit: use them (one bulk-read wait per 16 rows of a warp instead of per 8)");
 
 // Math warpgroup, BF16 v2: the full K loop of one wide tile into `accumulator` (overwritten: the first
 // wgmma of the tile does not accumulate). Same pipeline protocol as bf16_tile_mainloop (one wgmma group
@@ -448,10 +452,10 @@ __device__ __forceinline__ void bf16_produce_tile_cluster(const Fp8GemmShared<La
 template <Bf16Epilogue kEpilogue, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_bf16_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
-                                       const __grid_constant__ CUtensorMap b_map, const Bf16GroupedGemmParams params) {
+                                       const __grid_constant__ CUtensorMap b_map,
+                                       const __grid_constant__ CUtensorMap out_map, const Bf16GroupedGemmParams params) {
   using Layout = Bf16WideLayout<kBf16WideStages, kBf16WideStagingRows, kCluster ? 2 : 1>;
   constexpr int kBlockM = Layout::kBlockM, kBlockN = Layout::kBlockN, kStages = Layout::kStageCount;
-  constexpr int kStagingRows = Layout::kStagingRowsValue;
   static_assert(kEpilogue == Bf16Epilogue::kStoreBf16 || kEpilogue == Bf16Epilogue::kSwigluInterleavedBf16,
                 "BF16 v2: plain or interleaved SwiGLU epilogue");
 
@@ -515,7 +519,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   } else {
     registers_increase<kMathRegs>();
     const int wg_m = warpgroup - 1;  // which 64-row half of the tile
-    uint8_t* const staging = smem.bf16_staging + wg_m * kStagingRows * kBf16StagingPitch;
+    const int warp_in_wg = (threadIdx.x / 32) % 4;
+    uint8_t* const warp_staging = smem.bf16_staging + (wg_m * 4 + warp_in_wg) * Layout::kStagingBytesPerWarp;
+    if (threadIdx.x % 128 == 0) prefetch_tensor_map(&out_map);
     PipelineCursor<kStages> cursor;
     int expert = 0;
     float accumulator[2][64];
@@ -526,27 +532,22 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       const bool active = first_row < t.m_end;
       bf16_wide_tile_mainloop<Layout>(accumulator, smem, k_blocks, wg_m, active, cursor);
       if (!active) continue;  // no row of the expert: nothing to store
+      const int warp_first_row = first_row + 16 * warp_in_wg;
       if constexpr (kEpilogue == Bf16Epilogue::kStoreBf16) {
-        __nv_bfloat16* const out = params.out;
-        const int out_cols = params.n;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          store_bf16_epilogue_bulk<1, kStagingRows>(
-              reinterpret_cast<const float(&)[1][64]>(accumulator[h]), staging, first_row, t.m_end,
-              t.n_tile * kBlockN + 128 * h,
-              [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+          store_bf16_epilogue_tma<128, Layout::kOutMapRows>(accumulator[h], warp_staging, warp_first_row, t.m_end,
+                                                            &out_map, params.out, t.n_tile * kBlockN + 128 * h,
+                                                            params.n);
       } else {
         float activations[1][64];
         swiglu_interleaved_bf16_activate<false>(accumulator, activations, first_row, t.m_end, params.topk_weights,
                                                 params.activation, params.limit, params.alpha);
-        __nv_bfloat16* const out = params.out;
-        const int out_cols = params.n / 2;
-        store_bf16_epilogue_bulk<1, kStagingRows>(
-            activations, staging, first_row, t.m_end, t.n_tile * 128,
-            [out, out_cols](int row) { return out + static_cast<int64_t>(row) * out_cols; });
+        store_bf16_epilogue_tma<128, Layout::kOutMapRows>(activations[0], warp_staging, warp_first_row, t.m_end,
+                                                          &out_map, params.out, t.n_tile * 128, params.n / 2);
       }
     }
-    bulk_wait_all();  // store_bf16_epilogue_bulk NOTES
+    bulk_wait_all();  // store_bf16_epilogue_tma NOTES
   }
   // kCluster: no CTA leaves while its peer may still arrive on its barriers (NOTES above).
   if constexpr (kCluster) cluster_sync();

@@ -76,14 +76,12 @@ struct WideFp8Layout {
   static constexpr int kBBlockRows = kBlockN / kClusterSize;
   static constexpr int kBBlockBytes = kBBlockRows * kBlockK;
   static_assert(kBBlockRows % 8 == 0 && kBBlockBytes % 1024 == 0, "B parts: whole 128-byte swizzle atoms");
-  // Staging of wide_bf16_epilogue_tma: per math warp kStagingRowsPerWarp rows x kBlockN BF16 as kBlockN / 64 boxes
+  // Staging of store_bf16_epilogue_tma: per math warp kStagingRowsPerWarp rows x kBlockN BF16 as kBlockN / 64 boxes
   // of the out map ([kStagingRowsPerWarp rows][128 B], 128-byte swizzle: whole 1024-byte atoms, so every box is
   // 1024-byte aligned from the 1024-aligned stage end).
   static constexpr int kStagingRowsPerWarp = kBlockN == 128 ? 8 : 16;  // 8: one row half per chunk
   static constexpr int kOutMapRows = kStagingRowsPerWarp;               // the out map's box rows (launch_v11_kernel)
-  static constexpr int kOutBoxBytes = kStagingRowsPerWarp * 128;
-  static constexpr int kStagingBytesPerWarp = (kBlockN / 64) * kOutBoxBytes;
-  static_assert(kOutBoxBytes % 1024 == 0, "out boxes: whole 128-byte swizzle atoms");
+  static constexpr int kStagingBytesPerWarp = bf16_tma_staging_bytes_per_warp<kBlockN, kStagingRowsPerWarp>();
   static constexpr int kStagingOffset = kTilesBytes;
   static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingBytesPerWarp;
   // kTmaScales (MEGAMOE_FP8_V11_TMA_SCALES=1, K % 512 == 0): a ring of kAScaleGroups A-scale tiles of 4
@@ -284,91 +282,6 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop_tma_scales(float (&accumu
                                             scale_b0, scale_b1, stage, phase);
     }
   }
-}
-
-// BF16 epilogue of one math warpgroup's 64 x kBlockN accumulator by TMA tensor stores (docs/grouped_gemm.md
-// "v11 TMA-store epilogue"): warp w converts its rows 16 w .. 16 w + 15 in chunks of kStagingRowsPerWarp rows (8: one
-// row half per chunk, 16: both), writes a chunk into its staging as kBlockN / 64 swizzled boxes, and lane 0 stores
-// each box holding a column < out_cols with ONE cp.async.bulk.tensor (out_map: [m_capacity rows][out_cols BF16] as
-// bytes, box [kStagingRowsPerWarp rows][128 B], 128-byte swizzle; columns past out_cols are clipped by TMA).
-// A chunk with a row >= m_end (the expert's last m-tile; its rows past m_end are the next expert's or pad rows)
-// stores its valid rows from registers instead (st.global of each lane's BF16 pairs).
-// warp_staging: this warp's kStagingBytesPerWarp (1024-byte aligned); first_row: global row of the warp's fragment
-// row 0; n0: the tile's first column.
-// NOTES:
-// - Why: the previous form (v8's store_bf16_epilogue_bulk scheme) issued one 1-D bulk copy per row from a
-//   lane-divergent branch, which the compiler turns into a loop of R2UR + vote + UBLKCP over the lanes (16 per warp
-//   and tile); ncu put 17% of qwen3-30b GEMM 2's stall samples there (session 17 call 2). Here: kBlockN / 64 stores
-//   per chunk, issued by lane 0 with uniform coordinates.
-// - Bank math: lane l writes 4 bytes at row l / 4 (+ 8 for the second half), 16-byte chunk j % 8 of box j / 8,
-//   i.e. at row * 128 + ((j % 8) ^ (row % 8)) * 16 + 4 (l % 4): for one j the 8 rows hit 8 distinct 16-byte chunks,
-//   so the 32 lanes hit 32 distinct banks.
-// - Reuse: before a chunk overwrites the staging, lane 0 waits until its earlier stores finished READING shared
-//   memory (bulk_wait_all_read; the only lane with bulk groups), then __syncwarp; the writes are made visible to the
-//   async proxy (fence_proxy_async_shared) before the __syncwarp that precedes the stores. The caller runs
-//   bulk_wait_all() before exiting.
-// - Same BF16 values as that form (__floats2bfloat162_rn of the same FP32): outputs bit-identical.
-template <class Layout>
-__device__ __forceinline__ void wide_bf16_epilogue_tma(const float (&accumulator)[Layout::kBlockN / 2],
-                                                       uint8_t* warp_staging, int first_row, int m_end,
-                                                       const CUtensorMap* out_map, __nv_bfloat16* out, int n0,
-                                                       int out_cols) {
-  constexpr int kGroupsJ = Layout::kBlockN / 8;
-  constexpr int kRowsPerChunk = Layout::kStagingRowsPerWarp;  // 16: both row halves at once; 8: one
-  constexpr int kChunks = 16 / kRowsPerChunk;
-  constexpr int kHalvesPerChunk = 2 / kChunks;
-  constexpr int kBoxes = Layout::kBlockN / 64;
-  const int lane = threadIdx.x % 32;
-  const int valid_cols = min(Layout::kBlockN, out_cols - n0);
-  const uint32_t staging = smem_address(warp_staging);
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) {
-    const int chunk_row0 = first_row + 8 * c;  // kChunks == 1: c = 0, rows first_row .. + 15
-    uint32_t pairs[kHalvesPerChunk][kGroupsJ];
-#pragma unroll
-    for (int i = 0; i < kHalvesPerChunk; ++i) {
-      const int h = kChunks == 1 ? i : c;
-#pragma unroll
-      for (int j = 0; j < kGroupsJ; ++j) {
-        const __nv_bfloat162 v = __floats2bfloat162_rn(accumulator[4 * j + 2 * h], accumulator[4 * j + 2 * h + 1]);
-        pairs[i][j] = *reinterpret_cast<const uint32_t*>(&v);
-      }
-    }
-    if (chunk_row0 + kRowsPerChunk <= m_end) {  // uniform: every row of the chunk is the expert's
-      bulk_wait_all_read();
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < kHalvesPerChunk; ++i) {
-        const int row = lane / 4 + 8 * i;  // row inside the chunk
-#pragma unroll
-        for (int j = 0; j < kGroupsJ; ++j)
-          st_shared_b32(staging + (j / 8) * Layout::kOutBoxBytes + row * 128 + (((j % 8) ^ (lane / 4)) * 16) +
-                            (lane % 4) * 4,
-                        pairs[i][j]);
-      }
-      fence_proxy_async_shared();
-      __syncwarp();
-      if (lane == 0) {
-#pragma unroll
-        for (int b = 0; b < kBoxes; ++b)
-          if (64 * b < valid_cols)
-            tma_store_2d(out_map, warp_staging + b * Layout::kOutBoxBytes, (n0 + 64 * b) * 2, chunk_row0);
-        bulk_commit_group();
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kHalvesPerChunk; ++i) {
-        const int row = chunk_row0 + lane / 4 + 8 * i;
-        if (row < m_end) {
-          uint32_t* const out_row = reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * out_cols + n0);
-#pragma unroll
-          for (int j = 0; j < kGroupsJ; ++j)
-            if (8 * j + 2 * (lane % 4) < valid_cols) out_row[4 * j + lane % 4] = pairs[i][j];
-        }
-      }
-    }
-  }
-  __syncwarp();
 }
 
 // ---- Clusters of 2 CTAs (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters") ----
@@ -670,8 +583,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
           wide_fp8_tile_mainloop<Layout, 8>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                             scale_row, stage, phase);
       }
-      wide_bf16_epilogue_tma<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, &out_map,
-                                     out, n0, params.n);
+      store_bf16_epilogue_tma<kBlockN, Layout::kStagingRowsPerWarp>(accumulator, warp_staging,
+                                                                    m0 + math_wg * 64 + warp_in_wg * 16, m_end,
+                                                                    &out_map, out, n0, params.n);
     }
     bulk_wait_all();
   }

@@ -20,7 +20,7 @@
 //   bar.sync 256 (decoded kb visible) -> 4 wgmma (A of the stage, B = decoded kb) + commit -> wait `full` of
 //   kb+1, decode kb+1 into the other buffer (overlaps the tensor cores) -> wait 0 -> release the stage ->
 //   promote acc += partial * fl(a_scale * factor).
-// Epilogue: wide_bf16_epilogue_tma (v11's: per-warp swizzled staging, TMA tensor stores; partial chunks from registers).
+// Epilogue: store_bf16_epilogue_tma (v11's: per-warp swizzled staging, TMA tensor stores; partial chunks from registers).
 //
 // NOTES:
 // - Handoff of a decoded buffer: a named barrier over the 256 math threads (kW4a8V10DecodeBarrier), every thread
@@ -72,7 +72,7 @@ constexpr uint32_t kW4a8V10DecodeBarrier = kW4a8DecodeBarrier;
 
 // The names W4a8GemmShared, produce_w4a8_tile, produce_w4a8_scales and run_w4a8_producer_warpgroup read (as
 // W4a8GemmLayout), for the 128 x 128 tile whose ONE decoded 128 x 128 B tile (double-buffered) both math
-// warpgroups read, with the BF16 staging of wide_bf16_epilogue_tma: kStagingBytesPerWarp bytes per math warp, at
+// warpgroups read, with the BF16 staging of store_bf16_epilogue_tma: kStagingBytesPerWarp bytes per math warp, at
 // kExchangeOffset = W4a8GemmShared::bf16_staging (NOTES "Shared memory").
 template <int kStages, Fp4Format kFormat>
 struct W4a8V10Layout {
@@ -93,12 +93,11 @@ struct W4a8V10Layout {
   static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
   // BF16 staging, no exchange; 1024-aligned for the swizzled TMA-store boxes (already at 6 stages: no bytes added).
   static constexpr int kExchangeOffset = (kScaleOffset + kStages * kScaleBytes + 1023) / 1024 * 1024;
-  // BF16 staging of wide_bf16_epilogue_tma (WideFp8Layout's for 128 x 128): per math warp 8 rows as two 1024-byte
+  // BF16 staging of store_bf16_epilogue_tma (WideFp8Layout's for 128 x 128): per math warp 8 rows as two 1024-byte
   // swizzled boxes of the out map.
   static constexpr int kStagingRowsPerWarp = 8;
   static constexpr int kOutMapRows = kStagingRowsPerWarp;
-  static constexpr int kOutBoxBytes = kStagingRowsPerWarp * 128;
-  static constexpr int kStagingBytesPerWarp = (kBlockN / 64) * kOutBoxBytes;
+  static constexpr int kStagingBytesPerWarp = bf16_tma_staging_bytes_per_warp<kBlockN, kStagingRowsPerWarp>();
   static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingBytesPerWarp;
   // Scale ring: per stage kBlockM A scales (0 past the expert's end), then the tile's {factor, p} at [kBlockM].
   static constexpr int kScaleRecords = kBlockN / 128;
@@ -115,7 +114,7 @@ struct W4a8V10Layout {
   static_assert(kBlockM == 64 * kMathWarpgroups, "one 64-row sub-tile per math warpgroup");
   static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
                 "stage alignment");
-  static_assert(kExchangeOffset % 1024 == 0 && kOutBoxBytes % 1024 == 0, "TMA-store boxes: 128-byte swizzle atoms");
+  static_assert(kExchangeOffset % 1024 == 0, "TMA-store boxes: 128-byte swizzle atoms");
 };
 
 // One tile of math warpgroup `math_wg` (zeroes `accumulator`): decode (half the shared 128 x 128 weight tile) +
@@ -245,8 +244,9 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     w4a8_v10_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, math_thread, scale_row,
                                    a_descriptor0, b_descriptor0, stage, phase, count, params.decoder);
     if (active)
-      wide_bf16_epilogue_tma<Layout>(accumulator, warp_staging, m0 + math_wg * 64 + warp_in_wg * 16, m_end, &out_map,
-                                     out, n0, params.n);
+      store_bf16_epilogue_tma<kBlockN, Layout::kStagingRowsPerWarp>(accumulator, warp_staging,
+                                                                    m0 + math_wg * 64 + warp_in_wg * 16, m_end,
+                                                                    &out_map, out, n0, params.n);
   }
   bulk_wait_all();
 }
