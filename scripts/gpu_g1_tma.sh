@@ -4,7 +4,7 @@
 # baseline build of the per-row bulk copies. Two prebuilt trees: PREBUILT (the branch) and BASE_PREBUILT (its base:
 # bf16-tma-store 8d5f6cc; `.xfer/pre-tma-store`, built from 31f0a59, has the same src/ and serves).
 # Everything is packed into ONE file, $OUT/g1_tma.tgz, after every step. Budget-ordered:
-# (1) the GroupedGemmFp8.* gtests of the branch (<= 120 s): every run_gemm1 case runs v11 GEMM 1 (128 x 256, cluster
+# (1) the whole one-GPU suite of the branch (TEST_FILTER=...: only those gtests, <= 120 s); in GroupedGemmFp8.* every run_gemm1 case runs v11 GEMM 1 (128 x 256, cluster
 #     off and on, TMA scales off and on) and requires v9's codes and scales bit for bit; experts of 0..300 rows, so
 #     both the TMA-store warps (16 rows of the expert) and the per-row fallback (an expert's last rows) run.
 # (2) bench gemm --gemms 1, fp8, v11 GEMM 1 128 x 256 in the main column (--gemm1-v9 on --gemm1-v11 on; small off),
@@ -22,7 +22,11 @@ BASE=${BASE_PREBUILT:?the baseline build (scripts/use_prebuilt.sh of the base)}
 budget_s=${BUDGET_S:-300}; pack_name=g1_tma.tgz
 source "$(dirname "$0")/device_steps.sh"
 T="$B/tests/megamoe_tests_gpu"
-step test_gpu_fp8 120 "$T" --gtest_filter='GroupedGemmFp8.*'
+if [ -n "${TEST_FILTER:-}" ]; then
+  step test_gpu_fp8 120 "$T" --gtest_filter="$TEST_FILTER"
+else  # the whole one-GPU suite, both shards on GPU 0 (~190 s): also the staged / mega paths that run v11 GEMM 1
+  SHARD_GPUS=${SHARD_GPUS:-0 0} step_sharded_gpu_suite test_gpu 240 "$T"
+fi
 print_test_counts
 grep -h "^\[  SKIPPED \]\|^\[  FAILED  \]" "$logs"/test_gpu*.log | sort -u | head -20
 bench_round() {
