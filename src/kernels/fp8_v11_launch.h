@@ -35,11 +35,13 @@ void launch_v11_kernel(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   if constexpr (kTmaScales)
     scale_map = make_byte_tensor_map(params.a_scales, static_cast<uint64_t>(params.k / 128) * 4, params.m_capacity,
                                      Layout::kScaleGroupKBlocks * 4, Layout::kBlockM, CU_TENSOR_MAP_SWIZZLE_NONE);
-  // Layout::kOutMapRows > 0 (the BF16-out kernel, store_bf16_epilogue_tma): out [m_capacity, n] BF16 as bytes, boxes
-  // of 128 bytes (64 columns) x kOutMapRows rows, 128-byte swizzle. Otherwise an unused copy of the A map.
+  // Layout::kOutMapRows > 0: out [m_capacity rows][Layout::out_row_bytes(n)] as bytes, boxes of 128 bytes x
+  // kOutMapRows rows, 128-byte swizzle: the BF16-out kernel's (store_bf16_epilogue_tma; [m_capacity, n] BF16, 64
+  // columns a box) or v11 GEMM 1's 128 x 256 (swiglu_quant_fp8_rows_epilogue kTmaStore; [m_capacity, n / 2] E4M3,
+  // 128 columns x 16 rows). Otherwise an unused copy of the A map.
   CUtensorMap out_map = a_map;
   if constexpr (Layout::kOutMapRows > 0)
-    out_map = make_byte_tensor_map(params.out, static_cast<uint64_t>(params.n) * 2, params.m_capacity, 128,
+    out_map = make_byte_tensor_map(params.out, Layout::out_row_bytes(params.n), params.m_capacity, 128,
                                    Layout::kOutMapRows, CU_TENSOR_MAP_SWIZZLE_128B);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   auto* kernel = kKernel;

@@ -87,6 +87,11 @@ constexpr int kBf16StagingPitch = 128 * 2 + 16;
 // Row pitch of the FP8 staging rows of the SwiGLU epilogues' bulk stores (v8c, v9): 128 codes + 16 B,
 // 16-byte aligned rows, 2-byte writes of a quad's 8 row slots conflict-free (36 words = 4 mod 32).
 constexpr int kFp8StagingPitch = 128 + 16;
+// Per-warp FP8 staging of swiglu_quant_fp8_rows_epilogue<..., kTmaStore = true> (v11 GEMM 1, 128 x 256): one
+// [16 rows][128 B] box of the 128-byte-swizzled out map (two whole 1024-byte swizzle atoms), so a warp stride of
+// 2048 keeps every warp's box 1024-byte aligned from a 1024-aligned base; the partial-warp fallback reuses it as 16
+// unswizzled 128-byte rows.
+constexpr int kFp8TmaStagingBytesPerWarp = 16 * 128;
 
 // kWarpgroupsM: 2 = the math warpgroups split the tile's rows (split-M), 1 = its columns (split-N).
 // kSubTilesM: 64-row sub-tiles per math warpgroup (each a separate 64 x 128 wgmma accumulator set).
@@ -1253,7 +1258,8 @@ constexpr int swiglu_spread_rows() {
 // accumulators: bit-identical codes and scales), the codes into the warp's staging rows, then one
 // 128-byte bulk copy per valid row (v8c style). Output block n_tile = columns [128 n_tile, +128).
 // NOTES:
-// - Staging: math warp v = threadIdx.x / 32 - 4 (0..7 over both math warpgroups) owns the 16 rows
+// - Staging (kTmaStore = false; the TMA-store form: below the RowsAmax helpers): math warp v = threadIdx.x / 32 - 4
+//   (0..7 over both math warpgroups) owns the 16 rows
 //   [16 v, 16 v + 16) x kFp8StagingPitch of `staging_base` (Layout::kFp8RowStagingBytes); staging row
 //   8 r + g = this warp's tile row 16 w + 8 r + g, output column c at byte c. Only this warp writes and
 //   copies them, so __syncwarp orders both hazards: no named barrier, nothing shared with the other
@@ -1309,14 +1315,43 @@ struct RowsAmaxExchange {
   }
 };
 
-template <bool kCoherentScales, int kHalves = 2, class AmaxCombine = RowsAmaxLocal>
+// swiglu_quant_fp8_rows_epilogue (the v9 / v11 rows epilogue of the comment above) with kTmaStore (v11 GEMM 1's
+// 128 x 256 tile only; docs/grouped_gemm.md "v11 GEMM 1 TMA-store epilogue"; kHalves = 2): the warp's staging is kFp8TmaStagingBytesPerWarp (2048) bytes at (warp - 4) * 2048
+// of a 1024-aligned staging_base. A warp whose 16 rows are all the expert's (warp_row + 16 <= m_end, warp-uniform)
+// writes its codes as one box of out_map ([m_capacity rows][out_cols bytes], box [16 rows][128 B], 128-byte swizzle:
+// byte b of row r at r * 128 + ((b / 16) ^ (r % 8)) * 16 + b % 16) and lane 0 stores it with ONE TMA tensor store
+// at (n_tile * 128, warp_row) and commits one bulk group; any other warp (the expert's last rows) writes 16
+// unswizzled 128-byte rows and copies its valid rows as above (lanes < 16, one 1-D bulk copy each).
+// NOTES (kTmaStore):
+// - Why: the per-row copies come from a lane-divergent branch, which the compiler turns into a loop of R2UR + vote +
+//   UBLKCP over the 16 lanes (as v11 GEMM 2's old BF16 epilogue, whose ncu stall share there was ~17%, and whose
+//   TMA-store replacement store_bf16_epilogue_tma measured +3-14%); here one store from lane 0 per warp and tile.
+// - Both layouts come from one lane address: lane_base = staging + 128 R + 2 q (+ 16 g when swizzled), R = 8 r + g
+//   this lane's row; the code pair of byte b = 64 n + 8 p + 2 q (16-byte chunk c = 4 n + p / 2 < 8) goes to
+//   (lane_base ^ (c << 4)) + 8 (p % 2): bits 4..6 of staging + 128 R + 2 q are 0 (1024-aligned staging), so the
+//   XOR swizzles (c ^ g) or, unswizzled, adds 16 c.
+// - Bank math, swizzled (st.shared.b16): for one (n, p) lane 4 g + q writes word 32 R + 4 (c ^ g) + 2 (p % 2) + q / 2,
+//   bank 4 (c ^ g) + 2 (p % 2) + q / 2: c ^ g is distinct over the 8 g, so the 32 lanes touch 16 words in 16
+//   distinct banks (lanes 2i, 2i + 1 share a word): conflict-free. Unswizzled (the fallback, at most one warp per
+//   expert and n-tile): bank 4 c + 2 (p % 2) + q / 2 for all 8 rows: 8-way conflicts, accepted on that rare path
+//   (a 128-byte pitch, unlike kFp8StagingPitch's 144, keeps the 16 rows in 2048 bytes).
+// - Reuse and ordering as the per-row form: every lane's bulk_wait_all_read (lane 0's tensor store or lanes < 16's
+//   copies of the previous tile have read the staging) + __syncwarp before the writes; fence_proxy_async_shared +
+//   __syncwarp before the store. The caller runs bulk_wait_all() before exiting.
+// - Rows outside [warp_row, warp_row + 16) are never written: the box is exactly the warp's 16 rows (< m_end <=
+//   m_capacity) and output columns [128 n_tile, +128) (n_tile < out_cols / 128): TMA clips nothing here.
+// - Same codes (the same per-element operations; only the staging addresses differ) and the same out_scales stores:
+//   outputs bit-identical to kTmaStore = false.
+template <bool kCoherentScales, int kHalves = 2, class AmaxCombine = RowsAmaxLocal, bool kTmaStore = false>
 __device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulator)[kHalves][64], uint8_t* staging_base,
                                                                int first_row, int m_end, int n_tile, int out_cols,
                                                                const float* topk_weights, uint8_t* out,
                                                                float* out_scales, int activation, float limit,
                                                                float alpha, int out_col0 = 0,
-                                                               const AmaxCombine& combine = AmaxCombine{}) {
+                                                               const AmaxCombine& combine = AmaxCombine{},
+                                                               const void* out_map = nullptr) {
   static_assert(kHalves == 1 || kHalves == 2, "one or both n-halves of the tile");
+  static_assert(!kTmaStore || kHalves == 2, "TMA store: boxes of whole 128-byte rows");
   const int lane = threadIdx.x % 32;
   const int q = lane % 4;
   // The warp index as a broadcast: the compiler then knows the skips below are warp-uniform branches (with a
@@ -1324,7 +1359,10 @@ __device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulat
   // descriptor arithmetic: 26 -> 146 R2UR in v11 GEMM 1).
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
   const int warp_row = first_row + 16 * (warp % 4);  // global row of staging row 0
-  uint8_t* staging = staging_base + (warp - 4) * 16 * kFp8StagingPitch;
+  constexpr int kPitch = kTmaStore ? 128 : kFp8StagingPitch;
+  uint8_t* staging = staging_base + (warp - 4) * (kTmaStore ? kFp8TmaStagingBytesPerWarp : 16 * kFp8StagingPitch);
+  // kTmaStore: all 16 rows are the expert's (warp-uniform: warp_row and m_end are broadcasts).
+  const bool tma_rows = kTmaStore && warp_row + 16 <= m_end;
   // Warp-uniform: a warp (or its second 8-row half) without a row of the expert skips its activations and
   // stores (those rows are never stored; the amax it hands to `combine` is then 0, read only for rows that
   // are never stored either).
@@ -1358,24 +1396,33 @@ __device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulat
     const bool valid = row < m_end;
     const float weight = topk_weights && valid ? load_scale<kCoherentScales>(topk_weights + row) : 1.0f;
     const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[r], fabsf(weight)), 1e-10f), 448.0f);
-    const uint32_t row_base = smem_address(staging + (8 * r + lane / 4) * kFp8StagingPitch + 2 * q);
+    // kTmaStore: lane_base of the NOTES (16 g added only when swizzled); otherwise the byte of column 0.
+    const uint32_t row_base = smem_address(staging + (8 * r + lane / 4) * kPitch + 2 * q) +
+                              (tma_rows ? static_cast<uint32_t>(lane / 4) * 16u : 0u);
 #pragma unroll
     for (int n = 0; n < kHalves; ++n)
 #pragma unroll
       for (int p = 0; p < 8; ++p) {
         const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[n][8 * p + 2 * r], weight), scale),
                                         __fdiv_rn(__fmul_rn(accumulator[n][8 * p + 2 * r + 1], weight), scale));
-        st_shared_b16(row_base + 64 * n + 8 * p, __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3));
+        const uint32_t address = kTmaStore ? (row_base ^ static_cast<uint32_t>((4 * n + p / 2) << 4)) + 8 * (p % 2)
+                                           : row_base + 64 * n + 8 * p;
+        st_shared_b16(address, __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3));
       }
     if (valid && q == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
   }
   fence_proxy_async_shared();
   __syncwarp();
-  if (lane < 16) {
+  if (tma_rows) {
+    if (lane == 0) {
+      tma_store_2d(out_map, staging, n_tile * 128 + out_col0, warp_row);
+      bulk_commit_group();
+    }
+  } else if (lane < 16) {
     const int row = warp_row + lane;
     if (row < m_end)
       bulk_copy_shared_to_global(out + static_cast<int64_t>(row) * out_cols + n_tile * 128 + out_col0,
-                                 staging + lane * kFp8StagingPitch, 64 * kHalves);
+                                 staging + lane * kPitch, 64 * kHalves);
     bulk_commit_group();
   }
 }

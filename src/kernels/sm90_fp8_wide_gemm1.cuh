@@ -1,7 +1,7 @@
 // v11 GEMM 1: v11's structure (sm90_fp8_wide_grouped_gemm.cuh: warp-uniform control flow and descriptors,
 // optional TMA A scales) on v9's problem (docs/grouped_gemm.md "v9", "v11 GEMM 1"): split-M 128 x 256 tiles
 // on W13 packed gate/up-interleaved by 8 (GemmRole::kGateUpInterleaved8), SwiGLU + FP8 requant epilogue
-// (swiglu_quant_fp8_rows_epilogue, reused as is).
+// (swiglu_quant_fp8_rows_epilogue, reused; in its kTmaStore form: TMA tensor stores of whole 16-row warps).
 //
 // Per element the arithmetic of v9 (fp8_kblock_groups with Layout::kGroupsN = 2): per k-block and math
 // warpgroup two groups h = 0, 1 (the tile's two 128-column n-halves), each 4 wgmma m64n128k32 into the ONE
@@ -28,8 +28,12 @@
 //   unchanged (4 stages -> one A-scale group slot: 4 R >= kStages with R = 1). Rows past the expert's end get
 //   foreign scales instead of 0: their accumulators are garbage either way and are never stored; the
 //   epilogue's amax / scale of a row use only that row (quad shuffles over its own 4 lanes).
-// - Shared memory (1024 experts): 196,608 tiles + 18,432 FP8 row staging + 2,080 scales (cp.async: 4 x 130
-//   floats; TMA: 2,048 ring + 32 B scales) + 64 barriers + 12,300 tile table + 1,024 slack = 230,508 B.
+// - Shared memory (1024 experts): 196,608 tiles + 16,384 FP8 row staging (8 warps x one 2,048 B TMA-store box) +
+//   2,080 scales (cp.async: 4 x 130 floats; TMA: 2,048 ring + 32 B scales) + 64 barriers + 12,300 tile table + 1,024
+//   slack = 228,460 B.
+// - Epilogue stores (docs/grouped_gemm.md "v11 GEMM 1 TMA-store epilogue"): swiglu_quant_fp8_rows_epilogue with
+//   kTmaStore: a warp whose 16 rows are all the expert's writes them as one swizzled box and lane 0 stores it with one
+//   TMA tensor store (out_map); the warp holding the expert's last rows keeps the per-row 1-D bulk copies.
 //
 // v11 GEMM 1 small (kBlockMValue = 64; docs/grouped_gemm.md "v11 GEMM 1 small"): the same kernel with a 64 x 256
 // tile whose math warpgroups split N (warpgroup w = packed columns [128 w, 128 w + 128): gate and up of outputs
@@ -63,7 +67,12 @@ struct WideGemm1Layout {
   static constexpr int kBlockM = kBlockMValue;
   static constexpr int kBlockN = 256;  // packed gate/up columns: 128 outputs
   static constexpr int kClusterSize = kClusterSizeValue;
-  static constexpr int kOutMapRows = 0;  // FP8 rows by 1-D bulk copies: no out map (launch_v11_kernel)
+  // 128 x 256: the rows epilogue's TMA stores (swiglu_quant_fp8_rows_epilogue kTmaStore): out E4M3 [m_capacity rows]
+  // [n / 2 bytes] in boxes of 16 rows x 128 B, 128-byte swizzle (launch_v11_kernel). 64 x 256 (small): FP8 rows by
+  // 1-D bulk copies, no out map.
+  static constexpr bool kTmaRowStore = kBlockMValue == 128;
+  static constexpr int kOutMapRows = kTmaRowStore ? 16 : 0;
+  static constexpr uint64_t out_row_bytes(int n) { return static_cast<uint64_t>(n) / 2; }
   static constexpr int kStageCount = 4;
   static constexpr bool kScalesInShared = true;
   static constexpr bool kTmaScales = kTmaScalesValue;
@@ -75,10 +84,13 @@ struct WideGemm1Layout {
   static constexpr int kBBlockRows = kBlockN / kClusterSize;
   static constexpr int kBBlockBytes = kBBlockRows * kBlockK;
   static_assert(kBBlockRows % 8 == 0 && kBBlockBytes % 1024 == 0, "B parts: whole 128-byte swizzle atoms");
-  // FP8 row staging of swiglu_quant_fp8_rows_epilogue (Fp8GemmShared::fp8_row_staging = kTilesBytes):
-  // 8 math warps x 16 rows x kFp8StagingPitch.
+  // FP8 row staging of swiglu_quant_fp8_rows_epilogue (Fp8GemmShared::fp8_row_staging = kTilesBytes): 8 math warps x
+  // kFp8TmaStagingBytesPerWarp (kTmaRowStore: one 1024-aligned 16 x 128 B swizzled box per warp, 16,384 B) or 16 rows
+  // x kFp8StagingPitch (18,432 B).
   static constexpr int kStagingOffset = kTilesBytes;
-  static constexpr int kFp8RowStagingBytes = kMathWarpgroups * 4 * 16 * kFp8StagingPitch;
+  static_assert(kStagingOffset % 1024 == 0, "TMA-store boxes 1024-byte aligned (128-byte swizzle)");
+  static constexpr int kFp8RowStagingBytes =
+      kMathWarpgroups * 4 * (kTmaRowStore ? kFp8TmaStagingBytesPerWarp : 16 * kFp8StagingPitch);
   // The small tile's spread epilogue (tiles of <= kSpreadRows rows; swiglu_quant_fp8_spread_epilogue, kInterleaved)
   // stages FP32 gate / up blocks of kSpreadRows rows in the same region (32 KiB): the region is the larger of the two.
   static constexpr int kSpreadRows = kBlockM == 64 ? 32 : 0;
@@ -279,7 +291,7 @@ template <bool kTmaScales, int kBlockMValue = 128, bool kCluster = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                                const __grid_constant__ CUtensorMap scale_map,
-                               const __grid_constant__ CUtensorMap /*out_map: unused (launch_v11_kernel's BF16-out map)*/,
+                               const __grid_constant__ CUtensorMap out_map,
                                const GroupedGemmParams params) {
   static_assert(!kCluster || kBlockMValue == 128, "clusters: the 128 x 256 tile");
   using Layout = WideGemm1Layout<kTmaScales, kBlockMValue, kCluster ? 2 : 1>;
@@ -351,6 +363,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
       int expert = 0;
       float accumulator[2][64];
       float partial[64];
+      if (threadIdx.x % 128 == 0) prefetch_tensor_map(&out_map);
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
         const ClusterTileCoordinates t =
             locate_unit<kCluster>(table, unit, n_tiles, kBlockM, cta_rank, expert, params.m_fastest);
@@ -374,11 +387,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         }
         wide_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, a_descriptor0, b_descriptor0,
                                          scale_row, stage, phase, scale_slot);
-        swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.fp8_row_staging, m0 + math_wg * 64, m_end, n_tile,
-                                              params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
-                                              params.out_scales, params.activation, params.limit, params.alpha);
+        swiglu_quant_fp8_rows_epilogue<false, 2, RowsAmaxLocal, Layout::kTmaRowStore>(
+            accumulator, smem.fp8_row_staging, m0 + math_wg * 64, m_end, n_tile, params.n / 2, params.topk_weights,
+            static_cast<uint8_t*>(params.out), params.out_scales, params.activation, params.limit, params.alpha, 0,
+            RowsAmaxLocal{}, &out_map);
       }
-      bulk_wait_all();  // the epilogue's bulk copies
+      bulk_wait_all();  // the epilogue's bulk copies and TMA stores
     }
   }
   // kCluster: no CTA leaves while its peer may still arrive on its barriers.

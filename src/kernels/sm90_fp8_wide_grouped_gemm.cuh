@@ -81,6 +81,7 @@ struct WideFp8Layout {
   // 1024-byte aligned from the 1024-aligned stage end).
   static constexpr int kStagingRowsPerWarp = kBlockN == 128 ? 8 : 16;  // 8: one row half per chunk
   static constexpr int kOutMapRows = kStagingRowsPerWarp;               // the out map's box rows (launch_v11_kernel)
+  static constexpr uint64_t out_row_bytes(int n) { return static_cast<uint64_t>(n) * 2; }  // BF16 [m_capacity, n]
   static constexpr int kStagingBytesPerWarp = bf16_tma_staging_bytes_per_warp<kBlockN, kStagingRowsPerWarp>();
   static constexpr int kStagingOffset = kTilesBytes;
   static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingBytesPerWarp;
