@@ -312,9 +312,13 @@ int run_gemm_bench(const GemmBenchOptions& options) {
     w4a8_13.data = w13.as<uint8_t>();
     w4a8_13.group_scales = w13_scales.as<uint8_t>();
     w4a8_13.blocks = w4a8_blocks.as<kernels::W4a8BlockScale>();
+    // W13's packing as a loader would choose it (MEGAMOE_W4A8_G1_V10: kGateUpInterleaved8 -> W4A8 v10 GEMM 1); the
+    // bytes are random, so only the kernel choice follows from it.
+    w4a8_13.packing = kernels::w4a8_gemm1_packing();
     w4a8_2.data = w2.as<uint8_t>();
     w4a8_2.group_scales = w2_scales.as<uint8_t>();
     w4a8_2.blocks = w4a8_13.blocks + E * (2 * I / 128) * (H / 128);
+    w4a8_2.packing = kernels::GemmRole::kDown;
     fill_random(x_scales, Fill::kScale, 7);
     fill_random(h_scales, Fill::kScale, 8);
     fill_random(topk, Fill::kScale, 9);

@@ -256,13 +256,15 @@ bool bf16_gemm_v2_default();
 // to 448 (6 * 448 = 2688 > 448) never saturate.
 //
 // Packed layout per expert (made once at load time by pack_w4a8_expert_weights), N = rows in the
-// kernel's row order (W13: gate/up interleaved by 128 rows as for FP8; W2: canonical), K = cols:
+// kernel's row order (W13 kGateUp: gate/up interleaved by 128 rows as for FP8; W13 kGateUpInterleaved8: by 8 rows
+// inside each 256-row tile, as for FP8 v9 / v11 GEMM 1; W2: canonical), K = cols:
 //   data         [N, K/2] bytes: each little-endian 32-bit word holds 8 K-consecutive values v0..v7 with
 //                magnitude bits (e2m1 code & 7) of v_i at bits 4i..4i+2 (i < 4) / 16+4(i-4).. (i >= 4) and
 //                the sign of v_i at bit 8i+7 (i < 4) / 8(i-4)+3 (i >= 4): one prmt + one lop3 per 4 values.
 //   group_scales [K/128, N, 128/group] bytes (NVFP4: 8 E4M3 per row per 128 K; MXFP4: 4 UE8M0), the
 //                canonical scale bytes regrouped so that one 128-K slice of a 256-row tile is contiguous.
-//   blocks       [N/128, K/128] W4a8BlockScale {factor(B), p(B)}.
+//   blocks       [N/128, K/128] W4a8BlockScale {factor(B), p(B)}, B the canonical 128-row blocks (W13, both
+//                packings: record 2 j = gate block j, 2 j + 1 = up block j).
 // Requirements (checked): N % 256 == 0 (the kernel's tiles are 256 columns: GEMM 1 2I, GEMM 2 H),
 // K % 128 == 0; NaN group scales (E4M3 0x7F/0xFF, UE8M0 255) are rejected at pack time.
 struct W4a8BlockScale {
@@ -285,6 +287,10 @@ struct W4a8Weights {
   const uint8_t* data = nullptr;               // [E, N, K/2]
   const uint8_t* group_scales = nullptr;       // [E, K/128, N, 128/group]
   const W4a8BlockScale* blocks = nullptr;      // [E, N/128, K/128]
+  // GEMM 1 only (the BF16-out GEMMs read kDown packing and ignore it): the role W13 was packed with, kGateUp (the
+  // old GEMM-1 kernels) or kGateUpInterleaved8 (W4A8 v10 GEMM 1, every rows hint; docs/grouped_gemm.md "W4A8 v10
+  // GEMM 1").
+  GemmRole packing = GemmRole::kGateUp;
 };
 
 // GEMM 1 (gate+up, activation, optional top-k weight, FP8 requant): the FP8 GEMM 1 epilogue, bit for bit
@@ -345,5 +351,15 @@ void set_w4a8_decode(int decoder);
 // per process; set_w4a8_v10(0 | 1) overrides it (same-process A/B, tests).
 int w4a8_v10();
 void set_w4a8_v10(int enabled);
+
+// W4A8 v10 GEMM 1 (docs/grouped_gemm.md "W4A8 v10 GEMM 1"): grouped_gemm1_w4a8 runs the 128 x 256 split-M kernel
+// (sm90_w4a8_v10_gemm1.cuh) on W13 packed with kGateUpInterleaved8, the old kernels on kGateUp (W4a8Weights::
+// packing picks). w4a8_gemm1_packing() is the W13 packing a loader should use: kGateUpInterleaved8 when
+// MEGAMOE_W4A8_G1_V10 = "1", else kGateUp (the default: "0", unset or empty; anything else: megamoe::Error), read
+// once per process; set_w4a8_g1_v10(0 | 1) overrides it. `megamoe bench gemm` follows it; the layer backends
+// still pack kGateUp (not measured on a GPU yet).
+int w4a8_g1_v10();
+void set_w4a8_g1_v10(int enabled);
+GemmRole w4a8_gemm1_packing();
 
 }  // namespace megamoe::kernels

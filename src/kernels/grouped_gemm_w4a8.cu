@@ -9,6 +9,7 @@
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_w4a8_grouped_gemm.cuh"
 #include "kernels/sm90_w4a8_small_m_grouped_gemm.cuh"
+#include "kernels/sm90_w4a8_v10_gemm1.cuh"
 #include "kernels/sm90_w4a8_v10_grouped_gemm.cuh"
 #include "megamoe/error_cuda.h"
 
@@ -83,8 +84,21 @@ void launch_v10(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmPara
                         weight_data, params, stream, out_map);
 }
 
+// W4A8 v10 GEMM 1: the 128 x 256 split-M kernel on W13 packed kGateUpInterleaved8 (docs/grouped_gemm.md "W4A8 v10
+// GEMM 1").
+template <Fp4Format kFormat>
+void launch_v10_gemm1(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
+  constexpr int kStages = max_stages<sm90::W4a8V10Gemm1Layout<1, kFormat>>();
+  static_assert(kStages == sm90::kW4a8V10Gemm1Stages, "the shared-memory budget in sm90_w4a8_v10_gemm1.cuh's NOTES");
+  using Layout = sm90::W4a8V10Gemm1Layout<kStages, kFormat>;
+  launch_kernel<Layout>(&sm90::sm90_w4a8_v10_gemm1_kernel<kStages, kFormat>, sm90::kThreadsPerCta, a, weight_data,
+                        params, stream);
+}
+
 // -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V10; unset or empty = 1).
 std::atomic<int> g_w4a8_v10{-1};
+// -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_G1_V10; unset or empty = 0).
+std::atomic<int> g_w4a8_g1_v10{-1};
 
 // A switch read from the environment once per process into `cell` (-1: not read yet), unless an override (set_w4a8_*)
 // stored a value first. parse maps the variable's text (empty when unset) to the value, raising megamoe::Error on a
@@ -147,9 +161,14 @@ void dispatch(WeightFormat format, int sub_tiles, int rows_hint, const uint8_t* 
   }
 }
 
-void check_weights(const W4a8Weights& w) {
+// gemm1: W13, packed kGateUp or kGateUpInterleaved8. The BF16-out GEMMs read kDown-packed weights and ignore
+// `packing` (W4a8Weights' default is W13's kGateUp: callers of GEMM 2 never set it).
+void check_weights(const W4a8Weights& w, bool gemm1) {
   MEGAMOE_CHECK(w.format == WeightFormat::kNvfp4 || w.format == WeightFormat::kMxfp4, "weights.format = ",
                 weight_format_name(w.format), " must be nvfp4 or mxfp4");
+  if (gemm1)
+    MEGAMOE_CHECK(w.packing == GemmRole::kGateUp || w.packing == GemmRole::kGateUpInterleaved8, "weights.packing = ",
+                  static_cast<int>(w.packing), " must be kGateUp or kGateUpInterleaved8 for W4A8 GEMM 1");
   detail::check_grouped_gemm_pointer(w.data, "weights.data");
   detail::check_grouped_gemm_pointer(w.group_scales, "weights.group_scales");
   detail::check_grouped_gemm_pointer(w.blocks, "weights.blocks");
@@ -184,7 +203,7 @@ void launch_plain(const uint8_t* a, const float* a_scales, const W4a8Weights& w,
                   const char* k_name, cudaStream_t stream) {
   detail::check_grouped_gemm_shape(m_capacity, num_experts, n, k, n_name, k_name);
   check_n(n, n_name);
-  check_weights(w);
+  check_weights(w, false);
   detail::check_grouped_gemm_pointer(a, "a");
   detail::check_grouped_gemm_pointer(a_scales, "a_scales");
   detail::check_grouped_gemm_pointer(offsets, "expert_offsets");
@@ -226,6 +245,20 @@ void set_w4a8_v10(int enabled) {
   g_w4a8_v10.store(enabled);
 }
 
+int w4a8_g1_v10() {
+  return read_switch_once(g_w4a8_g1_v10, "MEGAMOE_W4A8_G1_V10", [](const std::string& text) {
+    MEGAMOE_CHECK(text.empty() || text == "0" || text == "1", "MEGAMOE_W4A8_G1_V10 = '", text, "' must be 0 or 1");
+    return text == "1" ? 1 : 0;
+  });
+}
+
+void set_w4a8_g1_v10(int enabled) {
+  MEGAMOE_CHECK(enabled == 0 || enabled == 1, "W4A8 v10 GEMM-1 switch ", enabled, " must be 0 or 1");
+  g_w4a8_g1_v10.store(enabled);
+}
+
+GemmRole w4a8_gemm1_packing() { return w4a8_g1_v10() == 1 ? GemmRole::kGateUpInterleaved8 : GemmRole::kGateUp; }
+
 void grouped_gemm_w4a8_bf16out(const GroupedGemmW4a8Args& args, cudaStream_t stream) {
   launch_plain(args.a, args.a_scales, args.weights, args.expert_offsets, args.out, args.m_capacity, args.num_experts,
                args.n, args.k, args.rows_per_expert_hint, "n", "k", stream);
@@ -240,7 +273,7 @@ void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
   detail::check_grouped_gemm_shape(args.m_capacity, args.num_experts, 2 * args.intermediate, args.hidden,
                                    "2*intermediate", "hidden");
   MEGAMOE_CHECK(args.intermediate % 128 == 0, "intermediate = ", args.intermediate, " must be a multiple of 128");
-  check_weights(args.weights);
+  check_weights(args.weights, true);
   detail::check_grouped_gemm_pointer(args.a, "a");
   detail::check_grouped_gemm_pointer(args.a_scales, "a_scales");
   detail::check_grouped_gemm_pointer(args.expert_offsets, "expert_offsets");
@@ -259,6 +292,15 @@ void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
   params.swiglu_spread = detail::swiglu_spread_enabled();
+  if (args.weights.packing == GemmRole::kGateUpInterleaved8) {  // W4A8 v10 GEMM 1, the one kernel for this packing
+    MEGAMOE_CHECK(params.n % sm90::kW4a8V10Gemm1BlockN == 0, "2*intermediate = ", params.n, " must be a multiple of ",
+                  sm90::kW4a8V10Gemm1BlockN, " for W4A8 v10 GEMM 1");
+    if (args.weights.format == WeightFormat::kNvfp4)
+      launch_v10_gemm1<Fp4Format::kNvfp4>(args.a, args.weights.data, params, stream);
+    else
+      launch_v10_gemm1<Fp4Format::kMxfp4>(args.a, args.weights.data, params, stream);
+    return;
+  }
   const int sub_tiles = sm90::choose_w4a8_sub_tiles(args.rows_per_expert_hint, args.num_experts, params.n,
                                                     detail::grouped_gemm_sm_count());
   dispatch<W4a8Epilogue::kSwigluQuantFp8>(args.weights.format, sub_tiles, args.rows_per_expert_hint, args.a,

@@ -74,15 +74,27 @@ void pack_w4a8_expert_weights(const formats::QuantizedMatrix& canonical, GemmRol
       MEGAMOE_CHECK(!nan, "group_scales[", r, ", ", g, "] = byte ", static_cast<int>(bits), " is NaN (",
                     weight_format_name(format), ")");
     }
-  // Packed row of canonical row r: W13 interleaves gate/up 128-row blocks (as the FP8 layout does).
-  MEGAMOE_CHECK(role == GemmRole::kDown || role == GemmRole::kGateUp, "pack_w4a8_expert_weights: role = ",
-                static_cast<int>(role), " must be kGateUp or kDown (kGateUpInterleaved8 is the FP8-block v9 layout)");
+  // Packed row of canonical row r. kGateUp: W13 interleaves gate/up 128-row blocks (as the FP8 layout does).
+  // kGateUpInterleaved8 (W4A8 v10 GEMM 1): inside packed 256-row tile j, runs of 8 rows: gate rows 8m..8m+7 of
+  // block j, then up rows 8m..8m+7 (pack_expert_weights' FP8 rule). Block records: per canonical 128-row block
+  // (a block's p and factor do not depend on the packing), stored at packed block 2 j = gate block j, 2 j + 1 = up
+  // block j for both W13 packings (the kernels read records 2 n_tile, 2 n_tile + 1 of a 256-row tile).
+  MEGAMOE_CHECK(role == GemmRole::kDown || role == GemmRole::kGateUp || role == GemmRole::kGateUpInterleaved8,
+                "pack_w4a8_expert_weights: role = ", static_cast<int>(role),
+                " must be kGateUp, kGateUpInterleaved8 or kDown");
   MEGAMOE_CHECK(role == GemmRole::kDown || rows % 256 == 0, "W13 rows = 2I = ", rows, " must be a multiple of 256");
-  const int64_t half_blocks = rows / 256;
+  const int64_t half_blocks = rows / 256, intermediate = rows / 2;
+  auto packed_block = [&](int64_t block) {  // packed 128-row block of canonical block `block`
+    if (role == GemmRole::kDown) return block;
+    const int64_t half = block / half_blocks, j = block % half_blocks;
+    return 2 * j + half;
+  };
   auto packed_row = [&](int64_t r) {
-    if (role == GemmRole::kDown) return r;
-    const int64_t block = r / 128, half = block / half_blocks, j = block % half_blocks;
-    return (2 * j + half) * 128 + r % 128;
+    if (role == GemmRole::kGateUpInterleaved8) {
+      const int64_t half = r / intermediate, within = r % intermediate;  // half 0 gate, 1 up
+      return 256 * (within / 128) + 16 * ((within % 128) / 8) + 8 * half + within % 8;
+    }
+    return packed_block(r / 128) * 128 + r % 128;
   };
   auto pack_rows = [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -119,7 +131,7 @@ void pack_w4a8_expert_weights(const formats::QuantizedMatrix& canonical, GemmRol
           max_scale = std::max(max_scale, group_scale_value(format, canonical.group_scales[r * groups_per_row +
                                                                                            kb * groups_per_block + g]));
       const int p = decode_exponent(max_scale);
-      W4a8BlockScale& block = blocks_out[(packed_row(rb * 128) / 128) * k_blocks + kb];
+      W4a8BlockScale& block = blocks_out[packed_block(rb) * k_blocks + kb];
       block.decode_exponent = p;
       block.factor = static_cast<float>(std::ldexp(global, -p));  // exact unless it leaves FP32's range
     }

@@ -81,6 +81,51 @@ TEST(GroupedGemmW4a8Layout, CodesAndScalesLandWhereDocumented) {
   check_layout(WeightFormat::kMxfp4, kernels::GemmRole::kDown, 1280, 3712);
 }
 
+// W4A8 v10 GEMM 1's W13 packing (kGateUpInterleaved8): packed row pr of 256-row tile j = pr / 256 holds canonical
+// row half * I + 128 j + 8 (t / 16) + t % 8 (t = pr % 256, half = (t / 8) % 2: 0 gate, 1 up), FP8's rule
+// (grouped_gemm_layout.cpp), with that row's codes and group scales; the block records are kGateUp's (the canonical
+// gate / up blocks at 2 j / 2 j + 1), so the decoded bytes and factors are those of the old kernel's packing.
+void check_interleaved8(WeightFormat format, int64_t rows, int64_t cols) {
+  SCOPED_TRACE(std::string(weight_format_name(format)) + " interleaved8 " + std::to_string(rows) + " x " +
+               std::to_string(cols));
+  const auto m = random_fp4_matrix(format, rows, cols, 17);
+  const Packed p = pack(m, kernels::GemmRole::kGateUpInterleaved8);
+  const Packed reference = pack(m, kernels::GemmRole::kGateUp);
+  const int group = format == WeightFormat::kNvfp4 ? 16 : 32, per_block = 128 / group;
+  const int64_t intermediate = rows / 2;
+  for (int64_t pr = 0; pr < rows; ++pr) {
+    const int64_t j = pr / 256, t = pr % 256, half = (t / 8) % 2;
+    const int64_t r = half * intermediate + 128 * j + 8 * (t / 16) + t % 8;
+    for (int64_t c = 0; c < cols; ++c) {
+      uint32_t word;
+      std::memcpy(&word, p.data.data() + pr * (cols / 2) + (c / 8) * 4, 4);
+      ASSERT_EQ(unpack_code(word, static_cast<int>(c % 8)), m.fp4_code(r, c)) << "packed row " << pr << " c " << c;
+    }
+    for (int64_t g = 0; g < cols / group; ++g)
+      ASSERT_EQ(p.scales[((g / per_block) * rows + pr) * per_block + g % per_block], m.group_scales[r * (cols / group) + g])
+          << "packed row " << pr << " group " << g;
+  }
+  ASSERT_EQ(p.blocks.size(), reference.blocks.size());
+  for (size_t i = 0; i < p.blocks.size(); ++i) {
+    EXPECT_EQ(p.blocks[i].decode_exponent, reference.blocks[i].decode_exponent) << "record " << i;
+    EXPECT_EQ(p.blocks[i].factor, reference.blocks[i].factor) << "record " << i;
+  }
+  // Every canonical row lands exactly once (a permutation): the data of both packings hold the same rows.
+  std::vector<int> seen(rows, 0);
+  for (int64_t pr = 0; pr < rows; ++pr) {
+    const int64_t t = pr % 256;
+    ++seen[(t / 8) % 2 * intermediate + 128 * (pr / 256) + 8 * (t / 16) + t % 8];
+  }
+  for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(seen[r], 1) << "canonical row " << r;
+}
+
+TEST(GroupedGemmW4a8Layout, GateUpInterleaved8MovesRowsKeepsBlockRecords) {
+  for (WeightFormat f : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) check_interleaved8(f, 512, 384);
+  check_interleaved8(WeightFormat::kNvfp4, 256, 128);  // one tile
+  // >= 2^22 weights: the packer's row split over the host's cores.
+  check_interleaved8(WeightFormat::kMxfp4, 1280, 4096);
+}
+
 TEST(GroupedGemmW4a8Layout, DecodeExponentKeepsLargestValueInFp8Range) {
   // NVFP4, W2 role: block (0, 0) holds the E4M3 maximum 448 (6 * 448 = 2688 > 448): p = -3, 6*448/8 = 336.
   auto m = random_fp4_matrix(WeightFormat::kNvfp4, 256, 256, 9);
@@ -129,11 +174,12 @@ TEST(GroupedGemmW4a8Layout, RejectsNanScalesAndBadShapes) {
     EXPECT_NE(std::string(error.what()).find("rows = 384"), std::string::npos) << error.what();
   }
   EXPECT_THROW(kernels::packed_w4a8_size(WeightFormat::kFp8Block, 256, 128), Error);
-  try {  // the v9 GEMM-1 layout is FP8-block only: W4A8 must not pack it as kGateUp silently
-    pack(random_fp4_matrix(WeightFormat::kMxfp4, 256, 128, 13), kernels::GemmRole::kGateUpInterleaved8);
-    FAIL() << "kGateUpInterleaved8 accepted";
+  try {
+    pack(random_fp4_matrix(WeightFormat::kMxfp4, 256, 128, 13), static_cast<kernels::GemmRole>(99));
+    FAIL() << "role 99 accepted";
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("must be kGateUp or kDown"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("must be kGateUp, kGateUpInterleaved8 or kDown"), std::string::npos)
+        << error.what();
   }
 }
 

@@ -122,9 +122,11 @@ W4a8Problem make_problem(WeightFormat format, const std::vector<int>& counts, in
 
 struct PackedDevice {
   std::unique_ptr<DeviceBuffer> data, group_scales, blocks;
+  kernels::GemmRole role = kernels::GemmRole::kGateUp;
   kernels::W4a8Weights view(WeightFormat format) const {
     kernels::W4a8Weights w;
     w.format = format;
+    w.packing = role;
     w.data = data->as<uint8_t>();
     w.group_scales = group_scales->as<uint8_t>();
     w.blocks = blocks->as<kernels::W4a8BlockScale>();
@@ -140,6 +142,7 @@ PackedDevice pack(const W4a8Problem& p, kernels::GemmRole role) {
     kernels::pack_w4a8_expert_weights(p.w[e], role, data.data() + e * size.data_bytes,
                                       scales.data() + e * size.group_scale_bytes, blocks.data() + e * size.block_count);
   PackedDevice d;
+  d.role = role;
   d.data = std::make_unique<DeviceBuffer>(data);
   d.group_scales = std::make_unique<DeviceBuffer>(scales);
   d.blocks = std::make_unique<DeviceBuffer>(blocks);
@@ -273,18 +276,20 @@ double e4m3_ulp(double magnitude) {
 std::pair<std::vector<uint8_t>, std::vector<float>> run_gemm1(WeightFormat format, const std::vector<int>& counts,
                                                               int hidden, int intermediate, uint64_t seed,
                                                               const Activation& act, bool use_topk, bool exact,
-                                                              int rows_hint) {
+                                                              int rows_hint,
+                                                              kernels::GemmRole role = kernels::GemmRole::kGateUp) {
   W4a8Problem p = make_problem(format, counts, 2 * intermediate, hidden, seed, exact);
   // Make the clamp bite (random inputs only: x6 would cost exact inputs their exact FP32 accumulation, as in
   // the FP8 GEMM-1 test; session 11 found exact + clamped runs failing their exact-input bounds for that).
   if (act.kind == Activation::Kind::kSwigluClamped && !exact)
     for (auto& s : p.a_scales) s *= 6.0f;
-  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint));
+  SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) +
+               (role == kernels::GemmRole::kGateUpInterleaved8 ? " interleaved8" : ""));
   std::vector<float> topk(p.capacity);
   std::mt19937_64 rng(seed + 1);
   std::uniform_real_distribution<float> weight(0.05f, 1.0f);
   for (auto& t : topk) t = weight(rng);
-  const PackedDevice w = pack(p, kernels::GemmRole::kGateUp);
+  const PackedDevice w = pack(p, role);
   DeviceBuffer a(p.a), a_scales(p.a_scales), offsets(p.offsets), topk_d(topk);
   DeviceBuffer out(p.capacity * intermediate), out_scales(p.capacity * (intermediate / 128) * sizeof(float));
   poison_device_buffer(out.data, out.bytes);
@@ -683,7 +688,85 @@ TEST(GroupedGemmW4a8, W4a8V10AgainstReference) {
   }
 }
 
+// W4A8 v10 GEMM 1 (W13 packed kGateUpInterleaved8, sm90_w4a8_v10_gemm1.cuh) against the old GEMM-1 kernels (the same
+// canonical weights packed kGateUp) on the same inputs, codes then scales byte for byte, pad rows and rows of no
+// expert poisoned in both: experts of 0, 1, 63, 64, 65, 127, 128, 129, 300 rows (tiles whose second math warpgroup
+// has no row: 1, 63, 64, 129, 300's last), N = 2I for I in {256, 2048}, K in {512, 7168}, both formats, decoders old
+// and auto (auto = v8 for MXFP4), rows hints 0 / 65 / 1024 (the old side picks its kernel by hint, the new one runs
+// at every hint), scales perturbed into the decoders' fallbacks. Large shapes take the exact-input generator (no host
+// quantization of n x k floats). 96 launch pairs.
+TEST(GroupedGemmW4a8, W4a8V10Gemm1MatchesOldBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_decoder(kernels::w4a8_decode, kernels::set_w4a8_decode);
+  const std::vector<int> counts = {0, 1, 63, 64, 65, 127, 128, 129, 300};
+  uint64_t seed = 1801;
+  int compared = 0;
+  for (WeightFormat f : kFormats) {
+    for (int intermediate : {256, 2048}) {
+      for (int k : {512, 7168}) {
+        const bool large = intermediate * k > 256 * 512;
+        W4a8Problem p = make_problem(f, counts, 2 * intermediate, k, ++seed, large, false);
+        perturb_scales(p, seed);
+        const PackedDevice old_weights = pack(p, kernels::GemmRole::kGateUp);
+        const PackedDevice new_weights = pack(p, kernels::GemmRole::kGateUpInterleaved8);
+        for (int decoder : {0, 3}) {
+          kernels::set_w4a8_decode(decoder);
+          for (int hint : {0, 65, 1024}) {
+            SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint));
+            const std::vector<uint8_t> old_out = run_raw(p, old_weights, true, hint);
+            const std::vector<uint8_t> new_out = run_raw(p, new_weights, true, hint);
+            EXPECT_EQ(old_out.size(), new_out.size());
+            if (old_out.size() != new_out.size()) continue;
+            const size_t code_bytes = static_cast<size_t>(p.capacity) * intermediate;
+            int64_t differ = 0, first = -1, unpoisoned = 0;
+            for (size_t i = 0; i < new_out.size(); ++i)
+              if (old_out[i] != new_out[i] && differ++ == 0) first = static_cast<int64_t>(i);
+            for (int64_t r = 0; r < p.capacity; ++r)
+              if (expert_of_row(p, r) < 0)
+                for (int c = 0; c < intermediate; ++c) unpoisoned += new_out[r * intermediate + c] != 0xFF;
+            EXPECT_EQ(differ, 0) << "first differing byte " << first
+                                 << (first >= 0 && static_cast<size_t>(first) < code_bytes
+                                         ? " (codes, row " + std::to_string(first / intermediate) + ")"
+                                         : " (scales)");
+            EXPECT_EQ(unpoisoned, 0) << "codes written in rows of no expert";
+            ++compared;
+          }
+        }
+      }
+    }
+  }
+  std::printf("w4a8 v10 gemm1 vs old kernels: %d launch pairs compared\n", compared);
+}
+
+// W4A8 v10 GEMM 1 against the fp64 reference directly (run_gemm1's bounds, random and bit-exact representable inputs,
+// both activations, with and without top-k), through the kGateUpInterleaved8 packing.
+TEST(GroupedGemmW4a8, W4a8V10Gemm1AgainstReference) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const kernels::GemmRole interleaved = kernels::GemmRole::kGateUpInterleaved8;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  for (WeightFormat f : kFormats) {
+    run_gemm1(f, {0, 1, 70, 63, 65, 130, 300}, 512, 256, 1811, Activation{}, true, false, 1024, interleaved);
+    run_gemm1(f, {5, 0, 129, 1, 64}, 384, 512, 1812, clamped, false, false, 0, interleaved);
+    run_gemm1(f, {0, 1, 70, 63, 130}, 512, 256, 1813, Activation{}, true, true, 65, interleaved);
+  }
+  run_gemm1(WeightFormat::kNvfp4, {33, 0, 80, 129}, 7168, 256, 1814, Activation{}, true, false, 0, interleaved);
+}
+
 TEST(GroupedGemmW4a8, RejectsBadInputs) {
+  {  // GEMM 1 reads W13 packed kGateUp (old kernels) or kGateUpInterleaved8 (v10 GEMM 1) only
+    kernels::GroupedGemm1W4a8Args gemm1;
+    gemm1.m_capacity = 16;
+    gemm1.num_experts = 2;
+    gemm1.hidden = 256;
+    gemm1.intermediate = 256;
+    gemm1.weights.packing = kernels::GemmRole::kDown;
+    try {
+      kernels::grouped_gemm1_w4a8(gemm1, nullptr);
+      FAIL() << "kDown-packed W13 accepted";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("weights.packing"), std::string::npos) << error.what();
+    }
+  }
   kernels::GroupedGemm2W4a8Args args;
   args.m_capacity = 16;
   args.num_experts = 2;

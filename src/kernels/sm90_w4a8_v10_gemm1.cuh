@@ -1,0 +1,266 @@
+// W4A8 v10 GEMM 1 (docs/grouped_gemm.md "W4A8 v10 GEMM 1"): the W4A8 v10 skeleton (sm90_w4a8_v10_grouped_gemm.cuh:
+// v11's uniform mainloop + a CTA-shared decoded tile) applied to GEMM 1 the way FP8 v11 GEMM 1
+// (sm90_fp8_wide_gemm1.cuh) applies v11 to it: split-M 128 x 256 tiles on W13 packed gate/up interleaved by 8
+// (GemmRole::kGateUpInterleaved8, pack_w4a8_expert_weights), the in-thread SwiGLU + FP8 requant epilogue
+// swiglu_quant_fp8_rows_epilogue (sm90_fp8_grouped_gemm.cuh, kHalves = 2) reused as is. grouped_gemm1_w4a8 runs it
+// for W13 packed with kGateUpInterleaved8 (every rows hint: no other W4A8 kernel reads that packing); which packing
+// a loader picks is MEGAMOE_W4A8_G1_V10 (kernels::w4a8_gemm1_packing(), default 0 = kGateUp = the old kernels).
+//
+// Why: GEMM 1 at >= 512 rows per expert runs the old 128 x 256 split-N kernel (two m64 sub-tiles per math
+// warpgroup, per-thread descriptors, the gate-exchange epilogue with pair barriers and 2-byte stores) at 562-637
+// TFLOP/s while W4A8 v10 GEMM 2 reaches 690-724.
+//
+// CTA = 3 warpgroups, 384 threads, persistent. Warpgroup 0 = run_w4a8_producer_warpgroup unchanged, with
+// Layout::kBlockN = 256 (thread 0: A [128 rows, 128 B] TMA 128-byte swizzle, FP4 [256 rows, 64 B] TMA 64-byte
+// swizzle, the tile's group scales by one bulk copy; warp 1: the 128 A scales + the tile's TWO {factor, p} records
+// per stage: [kBlockM + 0, 1] = gate block 2 n_tile, [kBlockM + 2, 3] = up block 2 n_tile + 1). Math warpgroup g:
+// tile rows 64 g .. 64 g + 63, ALL 256 packed columns (accumulator[2][64]: n-half h = packed columns 128 h ..).
+// Per k-block (running count j, decoded buffer j & 1):
+//   bar.sync 256 (decoded j visible) -> 4 wgmma (A, B = decoded rows 0..127) + commit -> wait `full` of j+1,
+//   decode the first half (K 0..63) of j+1's rows -> wait 0 -> promote h = 0 -> 4 wgmma (B rows 128..255) +
+//   commit -> decode the second half (K 64..127) of j+1 -> wait 0 -> release the stage -> promote h = 1.
+// The decode of the 256 x 128 FP4 tile: math thread t (0..255 over both warpgroups) decodes packed weight row t
+// (its gate / up record by (t / 8) % 2: the interleave), 64 K under each wgmma group (decode_fp4_half_row_select
+// with chunks 0-1, then 2-3), into a double-buffered 256 x 128 B decoded tile (2 x 32 KiB) both warpgroups read.
+//
+// NOTES:
+// - Bit-identical to the old kernel's GEMM 1 (sm90_w4a8_grouped_gemm_kernel, kSwigluQuantFp8, on kGateUp
+//   weights): (a) the decoded bytes: the packing moves rows (data, group scales) without changing them and keeps
+//   the block records of the canonical 128-row gate / up blocks (2 j = gate block j, 2 j + 1 = up block j, as
+//   kGateUp); a row decodes with its own block's p, whichever decoder (old / v7 / v8 give the same bytes). (b) The
+//   partials: an element's 128-K partial is the same 4 wgmma m64n128k32 k-steps over the same A row and decoded B
+//   row (it does not depend on the column position in the n128 group, the A row offset or the warpgroup issuing
+//   it: sm90_fp8_wide_gemm1.cuh's argument). (c) The promotion: acc += partial * fl(a_scale * factor) with the
+//   factor of the element's block, in k-block order from 0, as w4a8_promote_m64n128 (scale0 = scale_a0 * factor).
+//   (d) The epilogue: swiglu_quant_fp8_rows_epilogue's per-element operations are w4a8_swiglu_quant_fp8_epilogue's
+//   (activate(gate, up), amax over the row's 128 outputs (exact max), __fdiv_rn(fmaxf(__fmul_rn(amax, |w|),
+//   1e-10), 448), __fdiv_rn(__fmul_rn(h, w), scale) -> e4m3 satfinite).
+// - Interleave: packed row 128 h + 16 p + c (c < 8) = gate row 64 h + 8 p + c of the tile's gate block, + 8 = the
+//   up row; in the m64n128 fragment register 4 j + 2 r + c the column group j is even for gate, odd for up
+//   (promotion scale by j % 2; the epilogue pairs accumulator[h][8 p + 2 r + c] with [8 p + 4 + 2 r + c]).
+// - Handoff and buffer reuse as v10 (its NOTES): decoded buffer b written for k-block j + 1 was last read by both
+//   groups of j - 1 in both warpgroups, which every thread waited for (wgmma_wait<0> after group h = 1) before
+//   the barrier of j; the parity runs across tiles, so no tile-start barrier. Every thread fences its st.shared
+//   (fence.proxy.async) after each decode half, before the next barrier.
+// - Stage release: after group h = 1's wait (A of the stage read by both groups; its FP4 / group-scale bytes were
+//   decoded before the barrier of its k-block; its scale slot read into registers before the first group).
+// - A math warpgroup whose 64 rows hold no row of the expert runs its k loop unchanged (the other warpgroup reads
+//   its half of the decoded rows; skipping the wgmma under a branch serializes them: v10 NOTES) and skips only
+//   the epilogue. No other barrier: the epilogue (no AmaxCombine) synchronizes nothing.
+// - Uniformity as v10: warpgroup / warp / per-tile values are __shfl_sync broadcasts; stage, phase, count and the
+//   descriptor words (stage-0 base + stage * (bytes >> 4)) are warp-uniform.
+// - Shared memory (1024 experts, limit 227 KiB = 232,448 B), bytes: decoded 2 x 32,768 = 65,536 | A 3 x 16,384 =
+//   49,152 | FP4 3 x 16,384 = 49,152 | group scales 3 x 2,048 (NVFP4; MXFP4 3 x 1,024) | FP8 row staging 8 warps x
+//   16 rows x 144 = 18,432 | scale ring 3 x 132 words = 1,584 | mbarriers 48 | table 12,300 | alignment 1,024:
+//   203,372 (NVFP4), 200,300 (MXFP4). A 4th stage (+35,360 / +34,336 with its ring slot and barriers) does not fit
+//   (238,732 / 234,636 B); the launcher's max_stages gives 3 (static_assert kW4a8V10Gemm1Stages).
+#pragma once
+
+#include "kernels/sm90_fp8_grouped_gemm.cuh"
+#include "kernels/sm90_w4a8_grouped_gemm.cuh"
+
+namespace megamoe::kernels::sm90 {
+
+constexpr int kW4a8V10Gemm1BlockM = 128;
+constexpr int kW4a8V10Gemm1BlockN = 256;  // packed gate/up columns: 128 outputs
+constexpr int kW4a8V10Gemm1Stages = 3;
+// The CTA-wide decode barrier of the 256 math threads (as v10's).
+constexpr uint32_t kW4a8V10Gemm1DecodeBarrier = kW4a8DecodeBarrier;
+
+// The names W4a8GemmShared, produce_w4a8_tile, produce_w4a8_scales and run_w4a8_producer_warpgroup read (as
+// W4a8GemmLayout), for the 128 x 256 GEMM-1 tile: ONE decoded 256 x 128 B tile (double-buffered) both math
+// warpgroups read, and the FP8 row staging of swiglu_quant_fp8_rows_epilogue at kExchangeOffset
+// (W4a8GemmShared::bf16_staging; NOTES "Shared memory").
+template <int kStages, Fp4Format kFormat>
+struct W4a8V10Gemm1Layout {
+  static constexpr int kSubTiles = 1;  // one 64-row sub-tile per math warpgroup
+  static constexpr int kStageCount = kStages;
+  static constexpr int kBlockM = kW4a8V10Gemm1BlockM;
+  static constexpr int kBlockN = kW4a8V10Gemm1BlockN;
+  static constexpr bool kScalesInShared = false;
+  static constexpr bool kW4a8SharedScales = true;
+  static constexpr Fp4Format kFp4Format = kFormat;
+  static constexpr int kABytes = kBlockM * kBlockK;
+  static constexpr int kFp4Bytes = kBlockN * kW4a8Fp4RowBytes;
+  static constexpr int kScaleBytes = kBlockN * Fp4Traits<kFormat>::kScaleBytesPerRow;
+  static constexpr int kDecodedBytes = kBlockN * kBlockK;  // the FP8 B tile (both n-halves) both warpgroups read
+  static constexpr int kDecodedOffset = 0;
+  static constexpr int kAOffset = kDecodedOffset + 2 * kDecodedBytes;
+  static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
+  static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
+  // FP8 row staging (swiglu_quant_fp8_rows_epilogue: math warp v at (v) * 16 * kFp8StagingPitch), 16-byte aligned
+  // for its bulk copies.
+  static constexpr int kExchangeOffset = (kScaleOffset + kStages * kScaleBytes + 15) / 16 * 16;
+  static constexpr int kStagingBytes = kMathWarpgroups * 4 * 16 * kFp8StagingPitch;
+  // Scale ring: per stage kBlockM A scales (0 past the expert's end), then the gate record {factor, p} at
+  // [kBlockM], the up record at [kBlockM + 2].
+  static constexpr int kScaleRecords = kBlockN / 128;
+  static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
+  static constexpr int kGateRecordWord = kBlockM;
+  static constexpr int kUpRecordWord = kBlockM + 2;
+  static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
+  static constexpr int kScaleRingOffset = kExchangeOffset + kStagingBytes;
+  static constexpr int kScaleRingBytes = (kStages * kScaleSlotWords * 4 + 15) / 16 * 16;
+  static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
+  static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
+  static constexpr int shared_bytes(int num_experts) {
+    return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
+  }
+  static_assert(kScaleRecords == 2, "the tile's gate block and up block per k-block");
+  static_assert(kBlockM == 64 * kMathWarpgroups, "one 64-row sub-tile per math warpgroup");
+  static_assert(kBlockN == 2 * 128 && kBlockN == 128 * kMathWarpgroups, "one decoded weight row per math thread");
+  static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
+                "stage alignment");
+};
+
+// One tile of math warpgroup `math_wg` (zeroes `accumulator`): per k-block the decode of packed weight row
+// math_thread (two halves, one under each wgmma group) + two wgmma groups (n-halves) into `partial`, each waited
+// for and promoted, in the order of the header comment. scale_row: this thread's first fragment row in the tile (its
+// second is + 8). a_descriptor0 / b_descriptor0: descriptor start-address words of this warpgroup's A rows in stage
+// 0 and of decoded buffer 0 (uniform). stage / phase: the ring cursor; count: the CTA-running k-block count
+// (uniform, carried across tiles): k-block j uses decoded buffer j & 1.
+template <class Layout>
+__device__ __forceinline__ void w4a8_v10_gemm1_tile_mainloop(float (&accumulator)[2][64], float (&partial)[64],
+                                                             const W4a8GemmShared<Layout>& smem, int k_blocks,
+                                                             int math_thread, int scale_row, uint32_t a_descriptor0,
+                                                             uint32_t b_descriptor0, int& stage, uint32_t& phase,
+                                                             uint32_t& count, int decoder) {
+  constexpr int kStages = Layout::kStageCount;
+  constexpr int kSlotWords = Layout::kScaleSlotWords;
+  const int lane = threadIdx.x % 32;
+  const uint32_t* const ring = smem.scale_ring;
+  // Packed row math_thread is a gate row for even 8-row groups, an up row for odd ones (the interleave).
+  const int my_record_word = (math_thread / 8) % 2 == 0 ? Layout::kGateRecordWord : Layout::kUpRecordWord;
+  // Half `part` (logical chunks 2 part, 2 part + 1: K 64 part .. + 63) of packed row math_thread of the stage's FP4
+  // tile into decoded buffer j & 1, fenced for the wgmma (async proxy).
+  const auto decode_half = [&](int s, uint32_t j, int part) {
+    decode_fp4_half_row_select<Layout::kFp4Format>(
+        decoder, smem.fp4_tiles + s * Layout::kFp4Bytes, smem.scale_tiles + s * Layout::kScaleBytes,
+        smem.decoded + (j & 1) * Layout::kDecodedBytes, math_thread, 2 * part,
+        static_cast<int>(ring[s * kSlotWords + my_record_word + 1]));
+    fence_proxy_async_shared();
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) accumulator[h][i] = 0.0f;
+  barrier_wait(&smem.full[stage], phase);
+  decode_half(stage, count, 0);
+  decode_half(stage, count, 1);
+#pragma unroll 1
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    // Stage kb's `full` was waited for before its decode: its scale slot is readable. The four promotion scales
+    // fl(a_scale * factor) (w4a8_promote_m64n128's), gate on even 8-column groups, up on odd.
+    const uint32_t* const slot = ring + stage * kSlotWords;
+    const float factor_gate = __uint_as_float(slot[Layout::kGateRecordWord]);
+    const float factor_up = __uint_as_float(slot[Layout::kUpRecordWord]);
+    const float scale_a0 = __uint_as_float(slot[scale_row]), scale_a1 = __uint_as_float(slot[scale_row + 8]);
+    const float scale0_gate = scale_a0 * factor_gate, scale0_up = scale_a0 * factor_up;
+    const float scale1_gate = scale_a1 * factor_gate, scale1_up = scale_a1 * factor_up;
+    const uint32_t buffer = count & 1u;
+    named_barrier_sync(kW4a8V10Gemm1DecodeBarrier, 256);  // every row of decoded kb is written and fenced
+    const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
+    const uint32_t b_low = b_descriptor0 + buffer * (Layout::kDecodedBytes >> 4);
+    const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
+    const uint32_t next_phase = next_stage == 0 ? phase ^ 1u : phase;
+    const bool more = kb + 1 < k_blocks;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                              sw128_descriptor_from_low(b_low + ((128 * h * kBlockK + 32 * k_step) >> 4)),
+                              k_step > 0 ? 1u : 0u);
+      wgmma_commit();
+      if (more) {  // half of the next k-block's decode while the tensor cores run this group
+        if (h == 0) barrier_wait(&smem.full[next_stage], next_phase);
+        decode_half(next_stage, count + 1, h);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+      if (h == 1 && lane == 0) barrier_arrive(&smem.empty[stage]);
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const float scale0 = j % 2 ? scale0_up : scale0_gate, scale1 = j % 2 ? scale1_up : scale1_gate;
+        accumulator[h][4 * j + 0] += partial[4 * j + 0] * scale0;
+        accumulator[h][4 * j + 1] += partial[4 * j + 1] * scale0;
+        accumulator[h][4 * j + 2] += partial[4 * j + 2] * scale1;
+        accumulator[h][4 * j + 3] += partial[4 * j + 3] * scale1;
+      }
+    }
+    ++count;
+    stage = next_stage;
+    phase = next_phase;
+  }
+}
+
+// params as the old GEMM-1 launch (grouped_gemm1_w4a8): n = 2 intermediate (packed, kGateUpInterleaved8), k =
+// hidden, out E4M3 [rows, n / 2], out_scales [rows, n / 256], activation / limit / alpha, topk_weights.
+template <int kStages, Fp4Format kFormat>
+__global__ void __launch_bounds__(kThreadsPerCta, 1)
+    sm90_w4a8_v10_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
+                               const W4a8GemmParams params) {
+  using Layout = W4a8V10Gemm1Layout<kStages, kFormat>;
+  constexpr int kBlockM = Layout::kBlockM;
+  constexpr int kBlockN = Layout::kBlockN;
+  // 40 (producer thread, scale warp) / 232 (math), as v10 (whose NOTES: at 24 the W4A8 producer pieces spill).
+  constexpr uint32_t kProducerRegs = 40;
+  constexpr uint32_t kMathRegs = 232;
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
+
+  extern __shared__ uint8_t shared_raw[];
+  const W4a8GemmShared<Layout> smem(shared_raw);
+  const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
+
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  start_w4a8_kernel(smem, table, &a_map, &b_map, params);
+
+  const int k_blocks = params.k / kBlockK;
+  const int n_tiles = params.n / kBlockN;
+  // Before the register split (uniform, broadcast), as v10.
+  const int total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
+  if (warpgroup == 0) {
+    registers_decrease<kProducerRegs>();
+    run_w4a8_producer_warpgroup(smem, table, &a_map, &b_map, params, table.tile_prefix[params.num_experts] * n_tiles,
+                                n_tiles, params.k / kBlockK);
+    return;
+  }
+
+  registers_increase<kMathRegs>();
+  const int math_wg = warpgroup - 1;  // = which 64-row half of the tile
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = warp % 4;
+  const int math_thread = static_cast<int>(threadIdx.x) - 128;
+  const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;
+  const uint32_t a_descriptor0 = __shfl_sync(
+      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
+  const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.decoded)), 0);
+
+  int stage = 0;
+  uint32_t phase = 0, count = 0;
+  int expert = 0;
+  float accumulator[2][64];
+  float partial[64];
+  for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
+    const int m0 = __shfl_sync(0xffffffffu, t.m0, 0);
+    const int m_end = __shfl_sync(0xffffffffu, t.m_end, 0);
+    const int n_tile = __shfl_sync(0xffffffffu, t.n_tile, 0);
+    expert = __shfl_sync(0xffffffffu, expert, 0);
+    const bool active = m_end - m0 > 64 * math_wg;
+    w4a8_v10_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, math_thread, scale_row, a_descriptor0,
+                                         b_descriptor0, stage, phase, count, params.decoder);
+    if (active)
+      swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.bf16_staging, m0 + math_wg * 64, m_end, n_tile,
+                                            params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
+                                            params.out_scales, params.activation, params.limit, params.alpha);
+  }
+  bulk_wait_all();  // the epilogue's bulk copies
+}
+
+}  // namespace megamoe::kernels::sm90
