@@ -22,15 +22,19 @@ profile() {  # profile NAME KERNEL-REGEX bench-args...  (skipped once the budget
 # NOTES: --gemms picks the GEMM the bench times, so the regex cannot catch the other one (session 17 call 2's GEMM 1
 # points profiled nothing: at dsv3 hidden 7168 GEMM 1 runs sm90_fp8_wide_grouped_gemm_kernel, not the gemm1 kernel).
 fp8_gemm='sm90_fp8_(wide_gemm1|wide_grouped_gemm|grouped_gemm)_kernel'
+# NOTES: the bench's GEMM-1 main column is the split-N kernel on gate/up-blocked weights unless --gemm1-v9 on
+# --gemm1-v11 on (interleaved weights, v11: what the staged layer runs at large M); session 18 call 4's GEMM 1 points
+# lacked them and profiled sm90_fp8_grouped_gemm_kernel<1, 2, 4, SwiGLU, serial> instead of v11.
+v11_gemm1="--gemm1-v9 on --gemm1-v11 on"
 # Budget order (session 18: after the TMA-store epilogue, GEMM 1 and qwen3-30b first; NCU_POINTS=all adds the rest).
 MEGAMOE_GEMM_CLUSTER=0 profile g2_qwen3_r1024_c0 "$fp8_gemm" --gemms 2 --models qwen3-30b --rows 1024
-profile g1_qwen3_r1024 "$fp8_gemm" --gemms 1 --models qwen3-30b --rows 1024
-profile g1_dsv3_r1024 "$fp8_gemm" --gemms 1 --models dsv3 --rows 1024
+profile g1_qwen3_r1024 "$fp8_gemm" --gemms 1 $v11_gemm1 --models qwen3-30b --rows 1024
+profile g1_dsv3_r1024 "$fp8_gemm" --gemms 1 $v11_gemm1 --models dsv3 --rows 1024
 MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_r1024_c0 "$fp8_gemm" --gemms 2 --models dsv3 --rows 1024
 if [ "${NCU_POINTS:-}" = all ]; then
   MEGAMOE_GEMM_CLUSTER=1 profile g2_dsv3_r1024_c1 "$fp8_gemm" --gemms 2 --models dsv3 --rows 1024
   MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_spread512_c0 "$fp8_gemm" --gemms 2 --models dsv3 --rows 512 --rows-spread multinomial
-  MEGAMOE_GEMM_CLUSTER=0 profile g1_dsv3_r1024_c0 "$fp8_gemm" --gemms 1 --models dsv3 --rows 1024
+  MEGAMOE_GEMM_CLUSTER=0 profile g1_dsv3_r1024_c0 "$fp8_gemm" --gemms 1 $v11_gemm1 --models dsv3 --rows 1024
 fi
 rm -f "$logs"/*.ncu-rep
 tar -czf "$out/ncu_gemm2.tgz" -C "$logs" .
