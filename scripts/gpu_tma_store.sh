@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One device call (ONE H200, <= 420 s): the TMA-store epilogues (store_bf16_epilogue_tma; docs/grouped_gemm.md
 # "v11 TMA-store epilogue") against a baseline build of the previous epilogues. Knobs: FORMATS (default "fp8 nvfp4"),
-# GEMMS (default 2; "1 2" for both), TEST_FILTER (a gtest filter instead of the whole one-GPU suite), MEMCHECK_FILTER.
+# GEMMS (default 2; "1 2" for both), BENCH_ARGS (more `bench gemm` flags; FP8 GEMM 1 as the staged layer runs it:
+# "--gemm1-v9 on --gemm1-v11 on"), TEST_FILTER (a gtest filter instead of the whole one-GPU suite), MEMCHECK_FILTER.
+# Session 18 call 4 (the v11 GEMM 1 rows epilogue) ran it as: FORMATS=fp8 GEMMS=1 BENCH_ARGS="--gemm1-v9 on
+# --gemm1-v11 on" MEMCHECK_FILTER=GroupedGemmFp8.Gemm1V11ManyTilesPerCta.
 # Two prebuilt trees: PREBUILT (the branch) and BASE_PREBUILT (its base). Everything is packed into ONE file,
 # $OUT/tma_store.tgz, after every step. Budget-ordered:
 # (1) the whole one-GPU suite of the branch (both shards on GPU 0; ~185 s): v11 vs the older FP8 kernels and v10 vs the
@@ -34,7 +37,9 @@ bench_round() {
       if [ "$spread" = none ]; then rows="1024 4096"; else rows=512; fi
       for v in 0 1; do  # 0: the baseline build, 1: the branch
         if [ "$v" = 0 ]; then bin=$BASE/megamoe; else bin=$B/megamoe; fi
+        # shellcheck disable=SC2086
         step "bench_${format}_v${v}_${spread}_$round" 20 "$bin" bench gemm --gemms ${GEMMS:-2} --format "$format" \
+          ${BENCH_ARGS:-} \
           --models dsv3 ms4 qwen3-30b --rows $rows --rows-spread "$spread" --no-cublas --repeats 10 \
           --json "$logs/bench_${format}_v${v}_${spread}_$round.json"
       done

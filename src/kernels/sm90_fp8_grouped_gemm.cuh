@@ -81,6 +81,22 @@ struct GroupedGemmParams {
 // ordered-issue token would wait on warpgroup 1 while it waits here.
 constexpr uint32_t kV9SkewBarrier = 2;
 
+// One 128-K wgmma group of a math warpgroup: the operand fences of `partial`, wgmma.fence, 4 x wgmma m64n128k32 E4M3
+// (the first overwrites `partial`), commit. a_low / b_low: descriptor start-address words (kmajor_sw128_descriptor_low)
+// of the 64 A rows and the 128 B rows at K 0 of the block; each k32 step adds 32 bytes (>> 4). Shared by FP8 v11 GEMM 1
+// and the two W4A8 v10 kernels (their waits and promotions differ). NOTES: __forceinline__ and the statements the
+// kernels had inline: their SASS is unchanged.
+__device__ __forceinline__ void wgmma_group_m64n128_e4m3(float (&partial)[64], uint32_t a_low, uint32_t b_low) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
+    wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
+                          sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
+  wgmma_commit();
+}
+
 // Row pitch of the BF16 staging buffer of store_bf16_epilogue_bulk: 128 BF16 (256 B) + 16 B of padding
 // (bank math there), a multiple of the 16 bytes a bulk copy's source address needs.
 constexpr int kBf16StagingPitch = 128 * 2 + 16;

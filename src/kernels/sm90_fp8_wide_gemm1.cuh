@@ -128,15 +128,7 @@ __device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[kHalves][
   const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-      wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                            sw128_descriptor_from_low(b_low + ((128 * h * kBlockK + 32 * k_step) >> 4)),
-                            k_step > 0 ? 1u : 0u);
-    wgmma_commit();
+    wgmma_group_m64n128_e4m3(partial, a_low, b_low + ((128 * h * kBlockK) >> 4));
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);

@@ -548,6 +548,56 @@ __device__ __forceinline__ void start_w4a8_kernel(const W4a8GemmShared<Layout>& 
   __syncthreads();
 }
 
+// The two v10 kernels' start (sm90_w4a8_v10_grouped_gemm_kernel, sm90_w4a8_v10_gemm1_kernel): start_w4a8_kernel, the
+// tile counts, the register split (40 producer / 232 math) and, on the producer warpgroup, the whole producer run;
+// returns false there (the caller returns) and true on the math warpgroups with their per-thread start values.
+// NOTES:
+// - 40 / 232 as v11's cluster kernel: at 24 / 240 (v11's, the 128-row W4A8 kernel's) ptxas spilled 20 bytes in the
+//   producer thread and the scale warp (the W4A8 producer pieces need more than v11's); at 40 / 232 ptxas reports 0
+//   bytes of spills and the math k loops have no R2UR.
+// - total_tiles is computed before the register split (uniform, broadcast): moved into the math branch, ptxas lost
+//   the uniform descriptor words of the k loop (16 R2UR per k-block). The producer side reads its own copies.
+// - __forceinline__ and the statements the two kernels had inline: their SASS is unchanged by the move.
+struct W4a8V10MathStart {
+  int k_blocks, n_tiles, total_tiles;
+  int math_wg;      // which 64-row half of the tile
+  int warp_in_wg;
+  int math_thread;  // 0..255 over both math warpgroups
+  int scale_row;    // this thread's first fragment row in the tile (its second is + 8)
+  uint32_t a_descriptor0, b_descriptor0;  // descriptor start-address words of this warpgroup's A rows / the decoded B
+};
+template <class Layout>
+__device__ __forceinline__ bool start_w4a8_v10_kernel(const W4a8GemmShared<Layout>& smem, const ExpertTileTable& table,
+                                                      const CUtensorMap* a_map, const CUtensorMap* b_map,
+                                                      const W4a8GemmParams& params, W4a8V10MathStart& math) {
+  constexpr uint32_t kProducerRegs = 40;
+  constexpr uint32_t kMathRegs = 232;
+  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
+  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
+  start_w4a8_kernel(smem, table, a_map, b_map, params);
+
+  math.k_blocks = params.k / kBlockK;
+  math.n_tiles = params.n / Layout::kBlockN;
+  math.total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * math.n_tiles;
+  if (warpgroup == 0) {
+    registers_decrease<kProducerRegs>();
+    run_w4a8_producer_warpgroup(smem, table, a_map, b_map, params, table.tile_prefix[params.num_experts] * math.n_tiles,
+                                math.n_tiles, params.k / kBlockK);
+    return false;
+  }
+  registers_increase<kMathRegs>();
+  const int lane = threadIdx.x % 32;
+  math.math_wg = warpgroup - 1;
+  math.warp_in_wg = warp % 4;
+  math.math_thread = static_cast<int>(threadIdx.x) - 128;
+  math.scale_row = math.math_wg * 64 + math.warp_in_wg * 16 + lane / 4;
+  math.a_descriptor0 = __shfl_sync(
+      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math.math_wg * 64 * kBlockK)), 0);
+  math.b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.decoded)), 0);
+  return true;
+}
+
 // ---- the standalone grouped GEMM ------------------------------------------------------------------
 template <int kSubTilesM, int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)

@@ -58,59 +58,27 @@
 
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
 #include "kernels/sm90_w4a8_grouped_gemm.cuh"
+#include "kernels/sm90_w4a8_v10_grouped_gemm.cuh"
 
 namespace megamoe::kernels::sm90 {
 
-constexpr int kW4a8V10Gemm1BlockM = 128;
 constexpr int kW4a8V10Gemm1BlockN = 256;  // packed gate/up columns: 128 outputs
 constexpr int kW4a8V10Gemm1Stages = 3;
 // The CTA-wide decode barrier of the 256 math threads (as v10's).
 constexpr uint32_t kW4a8V10Gemm1DecodeBarrier = kW4a8DecodeBarrier;
 
-// The names W4a8GemmShared, produce_w4a8_tile, produce_w4a8_scales and run_w4a8_producer_warpgroup read (as
-// W4a8GemmLayout), for the 128 x 256 GEMM-1 tile: ONE decoded 256 x 128 B tile (double-buffered) both math
-// warpgroups read, and the FP8 row staging of swiglu_quant_fp8_rows_epilogue at kExchangeOffset
-// (W4a8GemmShared::bf16_staging; NOTES "Shared memory").
+// The v10 layout (W4a8V10LayoutBase) for the 128 x 256 GEMM-1 tile: ONE decoded 256 x 128 B tile (double-buffered)
+// both math warpgroups read, and the FP8 row staging of swiglu_quant_fp8_rows_epilogue (math warp v at
+// v * 16 * kFp8StagingPitch, 16-byte aligned for its bulk copies) at kExchangeOffset (W4a8GemmShared::bf16_staging).
+// The scale ring slot holds the gate record {factor, p} at [kBlockM], the up record at [kBlockM + 2].
 template <int kStages, Fp4Format kFormat>
-struct W4a8V10Gemm1Layout {
-  static constexpr int kSubTiles = 1;  // one 64-row sub-tile per math warpgroup
-  static constexpr int kStageCount = kStages;
-  static constexpr int kBlockM = kW4a8V10Gemm1BlockM;
-  static constexpr int kBlockN = kW4a8V10Gemm1BlockN;
-  static constexpr bool kScalesInShared = false;
-  static constexpr bool kW4a8SharedScales = true;
-  static constexpr Fp4Format kFp4Format = kFormat;
-  static constexpr int kABytes = kBlockM * kBlockK;
-  static constexpr int kFp4Bytes = kBlockN * kW4a8Fp4RowBytes;
-  static constexpr int kScaleBytes = kBlockN * Fp4Traits<kFormat>::kScaleBytesPerRow;
-  static constexpr int kDecodedBytes = kBlockN * kBlockK;  // the FP8 B tile (both n-halves) both warpgroups read
-  static constexpr int kDecodedOffset = 0;
-  static constexpr int kAOffset = kDecodedOffset + 2 * kDecodedBytes;
-  static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
-  static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
-  // FP8 row staging (swiglu_quant_fp8_rows_epilogue: math warp v at (v) * 16 * kFp8StagingPitch), 16-byte aligned
-  // for its bulk copies.
-  static constexpr int kExchangeOffset = (kScaleOffset + kStages * kScaleBytes + 15) / 16 * 16;
-  static constexpr int kStagingBytes = kMathWarpgroups * 4 * 16 * kFp8StagingPitch;
-  // Scale ring: per stage kBlockM A scales (0 past the expert's end), then the gate record {factor, p} at
-  // [kBlockM], the up record at [kBlockM + 2].
-  static constexpr int kScaleRecords = kBlockN / 128;
-  static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
-  static constexpr int kGateRecordWord = kBlockM;
-  static constexpr int kUpRecordWord = kBlockM + 2;
-  static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
-  static constexpr int kScaleRingOffset = kExchangeOffset + kStagingBytes;
-  static constexpr int kScaleRingBytes = (kStages * kScaleSlotWords * 4 + 15) / 16 * 16;
-  static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
-  static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
-  static constexpr int shared_bytes(int num_experts) {
-    return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
-  }
-  static_assert(kScaleRecords == 2, "the tile's gate block and up block per k-block");
-  static_assert(kBlockM == 64 * kMathWarpgroups, "one 64-row sub-tile per math warpgroup");
-  static_assert(kBlockN == 2 * 128 && kBlockN == 128 * kMathWarpgroups, "one decoded weight row per math thread");
-  static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
-                "stage alignment");
+struct W4a8V10Gemm1Layout
+    : W4a8V10LayoutBase<kStages, kFormat, kW4a8V10Gemm1BlockN, kMathWarpgroups * 4 * 16 * kFp8StagingPitch, 16> {
+  static constexpr int kGateRecordWord = W4a8V10Gemm1Layout::kBlockM;
+  static constexpr int kUpRecordWord = W4a8V10Gemm1Layout::kBlockM + 2;
+  static_assert(W4a8V10Gemm1Layout::kScaleRecords == 2, "the tile's gate block and up block per k-block");
+  static_assert(W4a8V10Gemm1Layout::kBlockN == 2 * 128 && W4a8V10Gemm1Layout::kBlockN == 128 * kMathWarpgroups,
+                "one decoded weight row per math thread");
 };
 
 // One tile of math warpgroup `math_wg` (zeroes `accumulator`): per k-block the decode of packed weight row
@@ -166,15 +134,7 @@ __device__ __forceinline__ void w4a8_v10_gemm1_tile_mainloop(float (&accumulator
     const bool more = kb + 1 < k_blocks;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-      wgmma_fence();
-#pragma unroll
-      for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-        wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                              sw128_descriptor_from_low(b_low + ((128 * h * kBlockK + 32 * k_step) >> 4)),
-                              k_step > 0 ? 1u : 0u);
-      wgmma_commit();
+      wgmma_group_m64n128_e4m3(partial, a_low, b_low + ((128 * h * kBlockK) >> 4));
       if (more) {  // half of the next k-block's decode while the tensor cores run this group
         if (h == 0) barrier_wait(&smem.full[next_stage], next_phase);
         decode_half(next_stage, count + 1, h);
@@ -207,39 +167,16 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   using Layout = W4a8V10Gemm1Layout<kStages, kFormat>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
-  // 40 (producer thread, scale warp) / 232 (math), as v10 (whose NOTES: at 24 the W4A8 producer pieces spill).
-  constexpr uint32_t kProducerRegs = 40;
-  constexpr uint32_t kMathRegs = 232;
-  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
-
   extern __shared__ uint8_t shared_raw[];
   const W4a8GemmShared<Layout> smem(shared_raw);
   const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
-
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
-  start_w4a8_kernel(smem, table, &a_map, &b_map, params);
-
-  const int k_blocks = params.k / kBlockK;
-  const int n_tiles = params.n / kBlockN;
-  // Before the register split (uniform, broadcast), as v10.
-  const int total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
-  if (warpgroup == 0) {
-    registers_decrease<kProducerRegs>();
-    run_w4a8_producer_warpgroup(smem, table, &a_map, &b_map, params, table.tile_prefix[params.num_experts] * n_tiles,
-                                n_tiles, params.k / kBlockK);
-    return;
-  }
-
-  registers_increase<kMathRegs>();
-  const int math_wg = warpgroup - 1;  // = which 64-row half of the tile
+  W4a8V10MathStart start;
+  if (!start_w4a8_v10_kernel(smem, table, &a_map, &b_map, params, start)) return;  // the producer warpgroup ran
+  const int k_blocks = start.k_blocks, n_tiles = start.n_tiles, total_tiles = start.total_tiles;
+  const int math_wg = start.math_wg, warp_in_wg = start.warp_in_wg, math_thread = start.math_thread;
+  const int scale_row = start.scale_row;
+  const uint32_t a_descriptor0 = start.a_descriptor0, b_descriptor0 = start.b_descriptor0;
   const int lane = threadIdx.x % 32;
-  const int warp_in_wg = warp % 4;
-  const int math_thread = static_cast<int>(threadIdx.x) - 128;
-  const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;
-  const uint32_t a_descriptor0 = __shfl_sync(
-      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
-  const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.decoded)), 0);
 
   int stage = 0;
   uint32_t phase = 0, count = 0;

@@ -71,15 +71,16 @@ constexpr int kW4a8V10Stages = 6;
 constexpr uint32_t kW4a8V10DecodeBarrier = kW4a8DecodeBarrier;
 
 // The names W4a8GemmShared, produce_w4a8_tile, produce_w4a8_scales and run_w4a8_producer_warpgroup read (as
-// W4a8GemmLayout), for the 128 x 128 tile whose ONE decoded 128 x 128 B tile (double-buffered) both math
-// warpgroups read, with the BF16 staging of store_bf16_epilogue_tma: kStagingBytesPerWarp bytes per math warp, at
-// kExchangeOffset = W4a8GemmShared::bf16_staging (NOTES "Shared memory").
-template <int kStages, Fp4Format kFormat>
-struct W4a8V10Layout {
+// W4a8GemmLayout), shared by the two v10 kernels: 128-row tiles of kBlockNValue weight rows whose ONE decoded
+// kBlockNValue x 128 B tile (double-buffered) both math warpgroups read, then the kernel's epilogue staging
+// (kStagingBytesValue bytes at kExchangeOffset = W4a8GemmShared::bf16_staging, aligned to kStagingAlignment), the
+// scale ring, the barriers and the tile table (NOTES "Shared memory").
+template <int kStages, Fp4Format kFormat, int kBlockNValue, int kStagingBytesValue, int kStagingAlignment>
+struct W4a8V10LayoutBase {
   static constexpr int kSubTiles = 1;  // one 64-row sub-tile per math warpgroup
   static constexpr int kStageCount = kStages;
   static constexpr int kBlockM = kW4a8V10BlockM;
-  static constexpr int kBlockN = kW4a8V10BlockN;
+  static constexpr int kBlockN = kBlockNValue;
   static constexpr bool kScalesInShared = false;
   static constexpr bool kW4a8SharedScales = true;
   static constexpr Fp4Format kFp4Format = kFormat;
@@ -91,15 +92,11 @@ struct W4a8V10Layout {
   static constexpr int kAOffset = kDecodedOffset + 2 * kDecodedBytes;
   static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
   static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
-  // BF16 staging, no exchange; 1024-aligned for the swizzled TMA-store boxes (already at 6 stages: no bytes added).
-  static constexpr int kExchangeOffset = (kScaleOffset + kStages * kScaleBytes + 1023) / 1024 * 1024;
-  // BF16 staging of store_bf16_epilogue_tma (WideFp8Layout's for 128 x 128): per math warp 8 rows as two 1024-byte
-  // swizzled boxes of the out map.
-  static constexpr int kStagingRowsPerWarp = 8;
-  static constexpr int kOutMapRows = kStagingRowsPerWarp;
-  static constexpr int kStagingBytesPerWarp = bf16_tma_staging_bytes_per_warp<kBlockN, kStagingRowsPerWarp>();
-  static constexpr int kStagingBytes = kMathWarpgroups * 4 * kStagingBytesPerWarp;
-  // Scale ring: per stage kBlockM A scales (0 past the expert's end), then the tile's {factor, p} at [kBlockM].
+  static constexpr int kExchangeOffset =
+      (kScaleOffset + kStages * kScaleBytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+  static constexpr int kStagingBytes = kStagingBytesValue;
+  // Scale ring: per stage kBlockM A scales (0 past the expert's end), then one {factor, p} record per 128 weight rows
+  // of the tile at [kBlockM + 2 r].
   static constexpr int kScaleRecords = kBlockN / 128;
   static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
   static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
@@ -110,11 +107,23 @@ struct W4a8V10Layout {
   static constexpr int shared_bytes(int num_experts) {
     return 1024 + kTableOffset + ExpertTileTable::bytes(num_experts);
   }
-  static_assert(kScaleRecords == 1, "one 128 x 128 weight block per tile and k-block");
   static_assert(kBlockM == 64 * kMathWarpgroups, "one 64-row sub-tile per math warpgroup");
   static_assert(kABytes % 1024 == 0 && kFp4Bytes % 1024 == 0 && kDecodedBytes % 1024 == 0 && kScaleBytes % 16 == 0,
                 "stage alignment");
-  static_assert(kExchangeOffset % 1024 == 0, "TMA-store boxes: 128-byte swizzle atoms");
+};
+
+// GEMM 2 / plain (128 x 128 tiles), with the BF16 staging of store_bf16_epilogue_tma (WideFp8Layout's for 128 x 128):
+// per math warp 8 rows as two 1024-byte swizzled boxes of the out map; 1024-aligned for them (already at 6 stages: no
+// bytes added).
+template <int kStages, Fp4Format kFormat>
+struct W4a8V10Layout
+    : W4a8V10LayoutBase<kStages, kFormat, kW4a8V10BlockN,
+                        kMathWarpgroups * 4 * bf16_tma_staging_bytes_per_warp<kW4a8V10BlockN, 8>(), 1024> {
+  static constexpr int kStagingRowsPerWarp = 8;
+  static constexpr int kOutMapRows = kStagingRowsPerWarp;
+  static constexpr int kStagingBytesPerWarp = bf16_tma_staging_bytes_per_warp<kW4a8V10BlockN, kStagingRowsPerWarp>();
+  static_assert(W4a8V10Layout::kScaleRecords == 1, "one 128 x 128 weight block per tile and k-block");
+  static_assert(W4a8V10Layout::kExchangeOffset % 1024 == 0, "TMA-store boxes: 128-byte swizzle atoms");
 };
 
 // One tile of math warpgroup `math_wg` (zeroes `accumulator`): decode (half the shared 128 x 128 weight tile) +
@@ -156,14 +165,7 @@ __device__ __forceinline__ void w4a8_v10_tile_mainloop(float (&accumulator)[64],
     named_barrier_sync(kW4a8V10DecodeBarrier, 256);  // every row of decoded kb is written and fenced
     const uint32_t a_low = a_descriptor0 + stage * (Layout::kABytes >> 4);
     const uint32_t b_low = b_descriptor0 + buffer * (Layout::kDecodedBytes >> 4);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int k_step = 0; k_step < kBlockK / 32; ++k_step)
-      wgmma_m64n128k32_e4m3(partial, sw128_descriptor_from_low(a_low + ((32 * k_step) >> 4)),
-                            sw128_descriptor_from_low(b_low + ((32 * k_step) >> 4)), k_step > 0 ? 1u : 0u);
-    wgmma_commit();
+    wgmma_group_m64n128_e4m3(partial, a_low, b_low);
     const int next_stage = stage + 1 == kStages ? 0 : stage + 1;
     const uint32_t next_phase = next_stage == 0 ? phase ^ 1u : phase;
     if (kb + 1 < k_blocks) {  // decode the next k-block while the tensor cores run
@@ -189,42 +191,16 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   using Layout = W4a8V10Layout<kStages, kFormat>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
-  // 40 (producer thread, scale warp) / 232 (math), as v11's cluster kernel: at 24 / 240 (v11's, the 128-row
-  // W4A8 kernel's) ptxas spilled 20 bytes in the producer thread and the scale warp (the W4A8 producer pieces
-  // need more than v11's); at 40 / 232 ptxas reports 0 bytes of spills and the math k loop has no R2UR.
-  constexpr uint32_t kProducerRegs = 40;
-  constexpr uint32_t kMathRegs = 232;
-  static_assert(kProducerRegs + kMathWarpgroups * kMathRegs <= 504, "the launch's 168 x 384 registers");
-
   extern __shared__ uint8_t shared_raw[];
   const W4a8GemmShared<Layout> smem(shared_raw);
   const ExpertTileTable table(reinterpret_cast<int*>(smem.table_base), params.num_experts);
-
-  const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
-  start_w4a8_kernel(smem, table, &a_map, &b_map, params);
-
-  const int k_blocks = params.k / kBlockK;
-  const int n_tiles = params.n / kBlockN;
-  // Computed before the register split (uniform, broadcast): moved into the math branch, ptxas lost the uniform
-  // descriptor words of the k loop (16 R2UR per k-block). The producer side reads its own copies.
-  const int total_tiles = __shfl_sync(0xffffffffu, table.tile_prefix[params.num_experts], 0) * n_tiles;
-  if (warpgroup == 0) {
-    registers_decrease<kProducerRegs>();
-    run_w4a8_producer_warpgroup(smem, table, &a_map, &b_map, params, table.tile_prefix[params.num_experts] * n_tiles,
-                                n_tiles, params.k / kBlockK);
-    return;
-  }
-
-  registers_increase<kMathRegs>();
-  const int math_wg = warpgroup - 1;  // = which 64-row half of the tile
+  W4a8V10MathStart start;
+  if (!start_w4a8_v10_kernel(smem, table, &a_map, &b_map, params, start)) return;  // the producer warpgroup ran
+  const int k_blocks = start.k_blocks, n_tiles = start.n_tiles, total_tiles = start.total_tiles;
+  const int math_wg = start.math_wg, warp_in_wg = start.warp_in_wg, math_thread = start.math_thread;
+  const int scale_row = start.scale_row;
+  const uint32_t a_descriptor0 = start.a_descriptor0, b_descriptor0 = start.b_descriptor0;
   const int lane = threadIdx.x % 32;
-  const int warp_in_wg = warp % 4;
-  const int math_thread = static_cast<int>(threadIdx.x) - 128;
-  const int scale_row = math_wg * 64 + warp_in_wg * 16 + lane / 4;
-  const uint32_t a_descriptor0 = __shfl_sync(
-      0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.a_tiles + math_wg * 64 * kBlockK)), 0);
-  const uint32_t b_descriptor0 = __shfl_sync(0xffffffffu, kmajor_sw128_descriptor_low(smem_address(smem.decoded)), 0);
   uint8_t* const warp_staging = smem.bf16_staging + (math_wg * 4 + warp_in_wg) * Layout::kStagingBytesPerWarp;
   if (threadIdx.x % 128 == 0) prefetch_tensor_map(&out_map);
   __nv_bfloat16* const out = static_cast<__nv_bfloat16*>(params.out);
