@@ -356,8 +356,9 @@ void set_w4a8_v10(int enabled);
 // (sm90_w4a8_v10_gemm1.cuh) on W13 packed with kGateUpInterleaved8, the old kernels on kGateUp (W4a8Weights::
 // packing picks). w4a8_gemm1_packing() is the W13 packing a loader should use: kGateUpInterleaved8 when
 // MEGAMOE_W4A8_G1_V10 = "1", else kGateUp (the default: "0", unset or empty; anything else: megamoe::Error), read
-// once per process; set_w4a8_g1_v10(0 | 1) overrides it. `megamoe bench gemm` follows it; the layer backends
-// still pack kGateUp (not measured on a GPU yet).
+// once per process; set_w4a8_g1_v10(0 | 1) overrides it. `megamoe bench gemm` follows it, and so does
+// staged_gate_up_packing (moe/staged_pipeline.h): the staged backend's W13 and mega's split-path W13 copy (mega's fused
+// kernel keeps kGateUp); a layer reads it when it is made (not run on a GPU in the layers yet).
 int w4a8_g1_v10();
 void set_w4a8_g1_v10(int enabled);
 GemmRole w4a8_gemm1_packing();

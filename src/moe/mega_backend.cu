@@ -178,7 +178,7 @@ class MegaBackend final : public MoeBackend {
     // The grouped GEMMs' layouts (ExpertSlabs): W13 FP8-block in staged's packing (staged_gate_up_packing:
     // kGateUpInterleaved8, which the fused kernel's interleaved GEMM-1 tiles read too; kGateUp when
     // MEGAMOE_FP8_GEMM1_V9=0 or MEGAMOE_MEGA_OWN_GATE_UP=1), BF16 kGateUp (the fused BF16 tiles), W2 kDown, W4A8
-    // the standalone W4A8 GEMM's packing; the split path's own W13 below where its packing differs.
+    // kGateUp (the fused W4A8 GEMM 1 reads only that); the split path's own W13 below where its packing differs.
     const kernels::GemmRole fused_packing =
         format_ == MegaFormat::kFp8Block && !mega_own_gate_up_requested() ? staged_gate_up_packing(config, false)
                                                                           : kernels::GemmRole::kGateUp;
@@ -195,9 +195,12 @@ class MegaBackend final : public MoeBackend {
     // The split path runs the staged GEMMs on staged's W13 packing (staged_gate_up_packing). FP8-block: the fused
     // kernel reads that packing too (one W13). BF16 (staged's v2 packing is kGateUpInterleaved8, the fused BF16
     // tiles read kGateUp) and FP8 with MEGAMOE_MEGA_OWN_GATE_UP=1: a second W13 in the split path's packing
-    // (with_own_gate_up), W13 memory twice, only where the split path can run. W4A8: one packing.
+    // (with_own_gate_up), W13 memory twice, only where the split path can run. W4A8: one W13 (kGateUp) by default;
+    // with MEGAMOE_W4A8_G1_V10=1 staged's packing is kGateUpInterleaved8 (W4A8 v10 GEMM 1) and the split path gets
+    // its own W13 in it (data, group scales and block records: W13 memory twice, docs/mega.md "One W13").
+    // NOTES: the fused W4A8 kernel keeps kGateUp: its GEMM 1 (mega_w4a8.cu) has no interleaved-W13 variant.
     split_slabs_ = slabs_;
-    if (split_scratch_ && !w4a8) {
+    if (split_scratch_) {
       const kernels::GemmRole split_packing = staged_gate_up_packing(config, false);
       if (split_packing != slabs_.gate_up_packing)
         split_slabs_ = slabs_.with_own_gate_up(config, local_experts_, split_packing,
@@ -429,10 +432,10 @@ class MegaBackend final : public MoeBackend {
     const double total = w13 * (copy ? 2 : 1) + w2;
     const double gib = 1.0 / (1024.0 * 1024.0 * 1024.0);
     std::fprintf(stderr,
-                 "megamoe: mega weights rank %d: W13 %.3f GiB (packing %d) + split W13 copy %.3f GiB + W2 %.3f GiB = "
-                 "%.3f GiB per layer\n",
-                 ep_->rank(), w13 * gib, static_cast<int>(slabs_.gate_up_packing), copy ? w13 * gib : 0.0, w2 * gib,
-                 total * gib);
+                 "megamoe: mega weights rank %d: W13 %.3f GiB (packing %d) + split W13 copy %.3f GiB (packing %d) + "
+                 "W2 %.3f GiB = %.3f GiB per layer\n",
+                 ep_->rank(), w13 * gib, static_cast<int>(slabs_.gate_up_packing), copy ? w13 * gib : 0.0,
+                 static_cast<int>(split_slabs_.gate_up_packing), w2 * gib, total * gib);
   }
   void require_alive(const char* call) const {
     MEGAMOE_CHECK(!destroyed_, "backend mega: ", call, " called after destroy()");

@@ -66,8 +66,7 @@ ExpertSlabs ExpertSlabs::allocate(const MoeConfig& config, int local_experts, ke
 void ExpertSlabs::load(const MoeConfig& config, int local_expert, const ExpertWeights& w) const {
   const int64_t H = config.hidden, I = config.intermediate;
   if (is_w4a8(format)) {
-    upload_packed_w4a8_expert("w13", w.w13, format, 2 * I, H, local_expert, kernels::GemmRole::kGateUp, w13,
-                              w13_group_scales, w13_blocks);
+    load_gate_up(config, local_expert, w);
     upload_packed_w4a8_expert("w2", w.w2, format, H, I, local_expert, kernels::GemmRole::kDown, w2, w2_group_scales,
                               w2_blocks);
     return;
@@ -77,21 +76,35 @@ void ExpertSlabs::load(const MoeConfig& config, int local_expert, const ExpertWe
 }
 
 void ExpertSlabs::load_gate_up(const MoeConfig& config, int local_expert, const ExpertWeights& w) const {
-  MEGAMOE_CHECK(!is_w4a8(format), "ExpertSlabs::load_gate_up: FP8-block and BF16 only (format ",
-                weight_format_name(format), ")");
   const int64_t H = config.hidden, I = config.intermediate;
+  if (is_w4a8(format)) {
+    // W13 in `gate_up_packing` (kGateUp: the old GEMM-1 kernels and mega's fused kernel; kGateUpInterleaved8: W4A8
+    // v10 GEMM 1); both packings have the same per-expert sizes (packed_w4a8_size).
+    MEGAMOE_CHECK(gate_up_packing == kernels::GemmRole::kGateUp ||
+                      gate_up_packing == kernels::GemmRole::kGateUpInterleaved8,
+                  "ExpertSlabs::load_gate_up: W4A8 gate_up_packing = ", static_cast<int>(gate_up_packing),
+                  " must be kGateUp or kGateUpInterleaved8");
+    upload_packed_w4a8_expert("w13", w.w13, format, 2 * I, H, local_expert, gate_up_packing, w13, w13_group_scales,
+                              w13_blocks);
+    return;
+  }
   upload_packed_expert("w13", w.w13, format, 2 * I, H, local_expert, gate_up_packing, w13, w13_scales);
 }
 
 ExpertSlabs ExpertSlabs::with_own_gate_up(const MoeConfig& config, int local_experts, kernels::GemmRole packing,
                                           const std::function<void*(size_t)>& alloc) const {
-  MEGAMOE_CHECK(!is_w4a8(format), "ExpertSlabs::with_own_gate_up: FP8-block and BF16 only (format ",
-                weight_format_name(format), ")");
   ExpertSlabs s = *this;
   s.gate_up_packing = packing;
   const Bytes b = bytes(config, local_experts);
   s.w13 = alloc(b.w13);
   if (format == WeightFormat::kFp8Block) s.w13_scales = static_cast<float*>(alloc(b.w13_scales));
+  // NOTES: W4A8 copies all three W13 slabs. The group scales follow the packing's row order; the block records are
+  // the same in both packings (grouped_gemm.h "W4A8"), but a copy of them (E * 2I/128 * H/128 * 8 bytes, < 0.1 % of
+  // W13) keeps the slab set self-contained (load_gate_up writes all three).
+  if (is_w4a8(format)) {
+    s.w13_group_scales = static_cast<uint8_t*>(alloc(b.w13_group_scales));
+    s.w13_blocks = static_cast<kernels::W4a8BlockScale*>(alloc(b.w13_blocks));
+  }
   return s;
 }
 
@@ -104,7 +117,9 @@ kernels::GemmRole staged_gate_up_packing(const MoeConfig& config, bool fp8_gemm1
   }
   if (config.weight_format == WeightFormat::kBf16)
     return kernels::bf16_gemm_v2_default() ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
-  return kernels::GemmRole::kGateUp;
+  MEGAMOE_CHECK(is_w4a8(config.weight_format), "staged_gate_up_packing: weight_format ",
+                weight_format_name(config.weight_format), " has no GEMM-1 packing");
+  return kernels::w4a8_gemm1_packing();  // MEGAMOE_W4A8_G1_V10 (read once per process; set_w4a8_g1_v10 overrides)
 }
 
 StagedScratch::~StagedScratch() {
@@ -237,7 +252,10 @@ void run_staged_pipeline(const MoeConfig& config, int local_experts, StagedScrat
   const bool fc1_weights = config.apply_topk_in_fc1;
 
   if (is_w4a8(w.format)) {
-    kernels::W4a8Weights w13{w.format, static_cast<const uint8_t*>(w.w13), w.w13_group_scales, w.w13_blocks};
+    // GEMM 1's kernel follows the packing W13 was loaded with (kGateUpInterleaved8: W4A8 v10 GEMM 1, else the old
+    // kernels), not the switch's current value.
+    kernels::W4a8Weights w13{w.format, static_cast<const uint8_t*>(w.w13), w.w13_group_scales, w.w13_blocks,
+                             w.gate_up_packing};
     kernels::W4a8Weights w2{w.format, static_cast<const uint8_t*>(w.w2), w.w2_group_scales, w.w2_blocks};
     kernels::GroupedGemm1W4a8Args g1;
     g1.a = static_cast<const uint8_t*>(rx.x);

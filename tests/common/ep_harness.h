@@ -28,6 +28,7 @@
 #include "common/ep_test_ranks.h"
 #include "common/gpu_skip.h"
 #include "common/w4a8_reference.h"
+#include "kernels/grouped_gemm.h"
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
@@ -449,6 +450,20 @@ class ScopedEnv {
  private:
   std::string name_;
   std::unique_ptr<std::string> old_;
+};
+
+// MEGAMOE_W4A8_G1_V10 (kernels::w4a8_g1_v10) is read once per process: a test sets it with set_w4a8_g1_v10 and this
+// restores the value it had at scope entry. The layers read it when they are made (W13 packing, staged_gate_up_packing),
+// so a test makes one layer per value.
+class ScopedW4a8Gemm1Switch {
+ public:
+  ScopedW4a8Gemm1Switch() : saved_(kernels::w4a8_g1_v10()) {}
+  ~ScopedW4a8Gemm1Switch() { kernels::set_w4a8_g1_v10(saved_); }
+  ScopedW4a8Gemm1Switch(const ScopedW4a8Gemm1Switch&) = delete;
+  ScopedW4a8Gemm1Switch& operator=(const ScopedW4a8Gemm1Switch&) = delete;
+
+ private:
+  int saved_;
 };
 
 // Expert output for (source rank, token, slot), column c: a hashed BF16 value with a 12-bit mantissa

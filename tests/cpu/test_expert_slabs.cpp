@@ -1,13 +1,15 @@
-// ExpertSlabs::bytes and the requests of ExpertSlabs::allocate / with_own_gate_up (host side only: the
-// alloc callback records sizes, nothing touches a device). The byte counts are written out here from the
+// ExpertSlabs::bytes and the requests of ExpertSlabs::allocate / with_own_gate_up, and staged_gate_up_packing per
+// format and W4A8 GEMM-1 switch (host side only: the alloc callback records sizes, nothing touches a device). The byte counts are written out here from the
 // layouts of docs (FP8 per-128x128 scales, BF16 2 bytes per element, W4A8 packed_w4a8_size).
 #if MEGAMOE_WITH_CUDA
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/grouped_gemm.h"
+#include "megamoe/error.h"
 #include "moe/staged_pipeline.h"
 
 namespace megamoe {
@@ -67,9 +69,11 @@ TEST(ExpertSlabs, AllocateRequestsTheBytesOfEverySlabInOrder) {
   }
 }
 
+// W4A8 (mega's split path with MEGAMOE_W4A8_G1_V10=1): the three W13 slabs (data, group scales, block records) are
+// the copy's own, W2's three are shared.
 TEST(ExpertSlabs, OwnGateUpRequestsOnlyTheW13Slabs) {
   const int E = 2;
-  for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kFp8Block}) {
+  for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
     SCOPED_TRACE(std::string(weight_format_name(format)));
     const MoeConfig c = config_of(format);
     const ExpertSlabs::Bytes b = ExpertSlabs::bytes(c, E);
@@ -77,13 +81,52 @@ TEST(ExpertSlabs, OwnGateUpRequestsOnlyTheW13Slabs) {
     const ExpertSlabs s = ExpertSlabs::allocate(c, E, kernels::GemmRole::kGateUp, [&](size_t n) { return first(n); });
     const ExpertSlabs own = s.with_own_gate_up(c, E, kernels::GemmRole::kGateUpInterleaved8,
                                                [&](size_t n) { return second(n); });
-    const std::vector<size_t> expected =
-        format == WeightFormat::kFp8Block ? std::vector<size_t>{b.w13, b.w13_scales} : std::vector<size_t>{b.w13};
+    std::vector<size_t> expected = {b.w13};
+    if (format == WeightFormat::kFp8Block) expected.push_back(b.w13_scales);
+    if (format == WeightFormat::kNvfp4 || format == WeightFormat::kMxfp4) {
+      expected.push_back(b.w13_group_scales);
+      expected.push_back(b.w13_blocks);
+      EXPECT_NE(own.w13_group_scales, s.w13_group_scales);
+      EXPECT_NE(own.w13_blocks, s.w13_blocks);
+      EXPECT_EQ(own.w2_group_scales, s.w2_group_scales);
+      EXPECT_EQ(own.w2_blocks, s.w2_blocks);
+    }
     EXPECT_EQ(second.sizes, expected);
     EXPECT_EQ(own.w2, s.w2);  // W2 shared
     EXPECT_NE(own.w13, s.w13);
     EXPECT_EQ(own.gate_up_packing, kernels::GemmRole::kGateUpInterleaved8);
+    EXPECT_EQ(s.gate_up_packing, kernels::GemmRole::kGateUp);
   }
+}
+
+// Restores a process-wide switch (read once from the environment, overridden by its setter) at scope end.
+struct ScopedSwitch {
+  int (*get)();
+  void (*set)(int);
+  int saved;
+  ScopedSwitch(int (*get_fn)(), void (*set_fn)(int)) : get(get_fn), set(set_fn), saved(get_fn()) {}
+  ~ScopedSwitch() { set(saved); }
+};
+
+// staged_gate_up_packing for W4A8 is kernels::w4a8_gemm1_packing (MEGAMOE_W4A8_G1_V10: 0 kGateUp, 1
+// kGateUpInterleaved8); FP8-block and BF16 do not depend on that switch.
+TEST(ExpertSlabs, StagedGateUpPackingFollowsTheW4a8Gemm1Switch) {
+  const ScopedSwitch restore(kernels::w4a8_g1_v10, kernels::set_w4a8_g1_v10);
+  kernels::set_w4a8_g1_v10(0);
+  const kernels::GemmRole fp8 = staged_gate_up_packing(config_of(WeightFormat::kFp8Block), false);
+  const kernels::GemmRole bf16 = staged_gate_up_packing(config_of(WeightFormat::kBf16), false);
+  for (int v10 : {0, 1}) {
+    SCOPED_TRACE("MEGAMOE_W4A8_G1_V10=" + std::to_string(v10));
+    kernels::set_w4a8_g1_v10(v10);
+    const kernels::GemmRole w4a8 = v10 == 1 ? kernels::GemmRole::kGateUpInterleaved8 : kernels::GemmRole::kGateUp;
+    EXPECT_EQ(staged_gate_up_packing(config_of(WeightFormat::kNvfp4), false), w4a8);
+    EXPECT_EQ(staged_gate_up_packing(config_of(WeightFormat::kMxfp4), false), w4a8);
+    EXPECT_EQ(kernels::w4a8_gemm1_packing(), w4a8);
+    EXPECT_EQ(staged_gate_up_packing(config_of(WeightFormat::kFp8Block), false), fp8);
+    EXPECT_EQ(staged_gate_up_packing(config_of(WeightFormat::kFp8Block), true), kernels::GemmRole::kGateUp);
+    EXPECT_EQ(staged_gate_up_packing(config_of(WeightFormat::kBf16), false), bf16);
+  }
+  EXPECT_THROW(kernels::set_w4a8_g1_v10(2), Error);
 }
 
 }  // namespace

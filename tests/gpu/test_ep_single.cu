@@ -152,6 +152,30 @@ TEST_F(EpSingle, StagedMatchesReferenceTwoKernel) {
   staged_matches_reference(stream_);
 }
 
+// MEGAMOE_W4A8_G1_V10=1 (set_w4a8_g1_v10 before the layer is made): staged W4A8 packs W13 kGateUpInterleaved8 and
+// runs W4A8 v10 GEMM 1, against the host reference with a graph replay, at rows hints (T * top_k / E) 28 (<= 64)
+// and 150 (> 64), both activations (clamped SwiGLU with the top-k weight in GEMM 1). The switch-off layer's bytes
+// are compared in MegaSingle.W4a8Gemm1V10LayersMatchTheOldPacking.
+TEST_F(EpSingle, StagedW4a8Gemm1V10MatchesReference) {
+  auto group = single_rank_group();
+  const ScopedW4a8Gemm1Switch restore;
+  kernels::set_w4a8_g1_v10(1);
+  for (WeightFormat format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
+    SCOPED_TRACE(std::string(weight_format_name(format)));
+    for (int tokens : {77, 400}) {
+      LayerCase lc;
+      lc.config = MoeConfig{256, 256, 8, 3, format, Activation{}, false, 0, 400};
+      lc.tokens_per_rank = {tokens};
+      lc.routing = Routing::kPadded;
+      run_staged_case(*group, lc, stream_, /*graph_replay=*/true);
+    }
+    LayerCase fc1;
+    fc1.config = MoeConfig{256, 128, 4, 2, format, Activation{Activation::Kind::kSwigluClamped}, true, 0, 256};
+    fc1.tokens_per_rank = {200};  // rows hint 100
+    run_staged_case(*group, fc1, stream_, false);
+  }
+}
+
 // MEGAMOE_FP8_GEMM1_TWO_PASS=1 (read when the backend is created): the staged FP8 GEMM 1 as the plain grouped GEMM
 // (BF16 gate/up) + swiglu_quant_fp8, against the host reference with the BF16 rounding of gate / up in its
 // tolerance. hidden 256 (<= 4096: without the switch W13 would be packed for v9; the switch packs kGateUp), both

@@ -162,7 +162,8 @@ struct ScopedEnv {
 // mega[fused] == mega[split] == staged == mega[fused] on its own kGateUp W13 (MEGAMOE_MEGA_OWN_GATE_UP=1, the
 // split-N kernel before) bit for bit, each vs the reference. Plain SiLU, then clamped SwiGLU with top-k in fc1.
 // FP8-block (the subject) and BF16 (its fused kernel keeps kGateUp, the split path its own v2 copy: unchanged);
-// W4A8 has one packing for both paths and its own tests.
+// W4A8 has one packing for both paths by default and its own tests (W4a8Gemm1V10LayersMatchTheOldPacking: the
+// split path's own W13 with MEGAMOE_W4A8_G1_V10=1).
 TEST_P(MegaSingle, OneW13RowsPerExpertMatchStagedAndOwnGateUp) {
   if (GetParam() != WeightFormat::kFp8Block && GetParam() != WeightFormat::kBf16)
     GTEST_SKIP() << "W4A8: one W13 packing on both paths already";
@@ -209,6 +210,61 @@ TEST_P(MegaSingle, OneW13RowsPerExpertMatchStagedAndOwnGateUp) {
     staged->destroy();
     split->destroy();
     fused->destroy();
+  }
+}
+
+// MEGAMOE_W4A8_G1_V10 (set_w4a8_g1_v10; read when a layer is made): on, staged and mega's split path pack W13
+// kGateUpInterleaved8 and run W4A8 v10 GEMM 1 (bit-identical to the old GEMM-1 kernels, docs/grouped_gemm.md "W4A8
+// v10 GEMM 1"); mega's fused kernel keeps its kGateUp W13 and the split path gets its own copy (docs/mega.md "One
+// W13"). One set of layers per switch value on the same weights and inputs: staged, mega[split], mega[auto] and
+// mega[fused] made with the switch on == staged made with it off, 0 differing elements, at rows per expert 0..200
+// and rows hints (mean rows per expert) 3, 8, 30, 64 (<= 64: the old kernels' 64-row tiles) and 65, 70, 150 (> 64).
+// Plain SiLU, then clamped SwiGLU with the top-k weight in GEMM 1.
+TEST_P(MegaSingle, W4a8Gemm1V10LayersMatchTheOldPacking) {
+  if (GetParam() != WeightFormat::kNvfp4 && GetParam() != WeightFormat::kMxfp4) GTEST_SKIP() << "W4A8 only";
+  auto group = single_rank_group();
+  const ScopedW4a8Gemm1Switch restore;
+  const std::vector<std::vector<int>> calls = {
+      {1, 0, 3, 2, 5, 4, 7, 6},          {8, 8, 8, 8, 8, 8, 8, 8},         {0, 1, 8, 64, 65, 100, 2, 0},
+      {64, 64, 64, 64, 64, 64, 64, 64},  {65, 65, 65, 65, 65, 65, 65, 65}, {33, 64, 65, 100, 128, 129, 0, 1},
+      {0, 1, 8, 64, 65, 100, 128, 200},  {0, 0, 0, 0, 0, 0, 0, 0},         {150, 150, 150, 150, 150, 150, 150, 150}};
+  for (int variant = 0; variant < 2; ++variant) {
+    const bool clamped = variant == 1;
+    const MoeConfig c{512, 256, 8, 2, GetParam(),
+                      clamped ? Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f} : Activation{}, clamped, 0,
+                      600};
+    const auto experts = make_experts(c, 51 + variant);
+    kernels::set_w4a8_g1_v10(0);
+    auto staged_off = make_loaded_backend("staged", c, *group, experts, stream_);
+    kernels::set_w4a8_g1_v10(1);
+    auto staged_on = make_loaded_backend("staged", c, *group, experts, stream_);
+    auto split_on = make_loaded_backend("mega[split]", c, *group, experts, stream_);
+    auto auto_on = make_loaded_backend("mega[auto]", c, *group, experts, stream_);
+    auto fused_on = make_loaded_backend("mega[fused]", c, *group, experts, stream_);
+    // NOTES: the layers keep the packing they were made with; switching back here shows that the GEMM-1 kernel
+    // follows the packing (W4a8Weights::packing), not the switch's current value.
+    kernels::set_w4a8_g1_v10(0);
+    int call = 0;
+    for (const std::vector<int>& rows : calls) {
+      const RankInputs in = inputs_with_rows_per_expert(400 + 10 * variant + call++, c, rows);
+      SCOPED_TRACE(::testing::Message() << (clamped ? "clamped+fc1" : "silu") << " call " << call << " T=" << in.tokens
+                                        << " rows[0..2]=" << rows[0] << "," << rows[1] << "," << rows[2]);
+      const auto want = forward_once(*staged_off, *group, c, in, stream_);
+      const auto by_staged = forward_once(*staged_on, *group, c, in, stream_);
+      const auto by_split = forward_once(*split_on, *group, c, in, stream_);
+      EXPECT_EQ(split_on->last_forward_path(), "split");
+      const auto by_auto = forward_once(*auto_on, *group, c, in, stream_);
+      const auto by_fused = forward_once(*fused_on, *group, c, in, stream_);
+      EXPECT_EQ(compare_bits(by_staged, want, c.hidden).differing, 0) << "staged: switch on vs off";
+      EXPECT_EQ(compare_bits(by_split, want, c.hidden).differing, 0) << "mega[split] (switch on) vs staged (off)";
+      EXPECT_EQ(compare_bits(by_auto, want, c.hidden).differing, 0) << "mega (switch on) vs staged (off)";
+      EXPECT_EQ(compare_bits(by_fused, want, c.hidden).differing, 0) << "mega[fused] (switch on) vs staged (off)";
+    }
+    fused_on->destroy();
+    auto_on->destroy();
+    split_on->destroy();
+    staged_on->destroy();
+    staged_off->destroy();
   }
 }
 
