@@ -288,8 +288,9 @@ struct W4a8Weights {
   const uint8_t* group_scales = nullptr;       // [E, K/128, N, 128/group]
   const W4a8BlockScale* blocks = nullptr;      // [E, N/128, K/128]
   // GEMM 1 only (the BF16-out GEMMs read kDown packing and ignore it): the role W13 was packed with, kGateUp (the
-  // old GEMM-1 kernels) or kGateUpInterleaved8 (W4A8 v10 GEMM 1, every rows hint; docs/grouped_gemm.md "W4A8 v10
-  // GEMM 1").
+  // old GEMM-1 kernels) or kGateUpInterleaved8 (W4A8 v10 GEMM 1 at unknown / > 64 rows hints, the small-M kernel's
+  // kInterleaved8 mode at hints 1..64; docs/grouped_gemm.md "W4A8 v10 GEMM 1", "W4A8 small-M GEMM 1 on interleaved
+  // W13").
   GemmRole packing = GemmRole::kGateUp;
 };
 
@@ -353,7 +354,8 @@ int w4a8_v10();
 void set_w4a8_v10(int enabled);
 
 // W4A8 v10 GEMM 1 (docs/grouped_gemm.md "W4A8 v10 GEMM 1"): grouped_gemm1_w4a8 runs the 128 x 256 split-M kernel
-// (sm90_w4a8_v10_gemm1.cuh) on W13 packed with kGateUpInterleaved8, the old kernels on kGateUp (W4a8Weights::
+// (sm90_w4a8_v10_gemm1.cuh) on W13 packed with kGateUpInterleaved8 (rows hints 1..64: the small-M kernel's
+// kInterleaved8 mode instead, unless MEGAMOE_W4A8_SMALL_M=0), the old kernels on kGateUp (W4a8Weights::
 // packing picks). w4a8_gemm1_packing() is the W13 packing a loader should use: kGateUpInterleaved8 when
 // MEGAMOE_W4A8_G1_V10 = "1", else kGateUp (the default: "0", unset or empty; anything else: megamoe::Error), read
 // once per process; set_w4a8_g1_v10(0 | 1) overrides it. `megamoe bench gemm` follows it, and so does

@@ -61,13 +61,14 @@ void launch(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& 
       weight_data, params, stream);
 }
 
-// The small-M kernel (64-row tiles, four math warpgroups).
-template <Fp4Format kFormat, W4a8Epilogue kEpilogue>
+// The small-M kernel (64-row tiles, four math warpgroups); kInterleaved8: GEMM 1 on W13 packed
+// kGateUpInterleaved8 (in-thread SwiGLU).
+template <Fp4Format kFormat, W4a8Epilogue kEpilogue, bool kInterleaved8 = false>
 void launch_small_m(const uint8_t* a, const uint8_t* weight_data, const W4a8GemmParams& params, cudaStream_t stream) {
-  constexpr int kStages = max_stages<sm90::W4a8SmallMLayout<1, kFormat, kEpilogue>>();
-  launch_kernel<sm90::W4a8SmallMLayout<kStages, kFormat, kEpilogue>>(
-      &sm90::sm90_w4a8_small_m_grouped_gemm_kernel<kStages, kFormat, kEpilogue>, sm90::kW4a8SmallThreadsPerCta, a,
-      weight_data, params, stream);
+  constexpr int kStages = max_stages<sm90::W4a8SmallMLayout<1, kFormat, kEpilogue, kInterleaved8>>();
+  launch_kernel<sm90::W4a8SmallMLayout<kStages, kFormat, kEpilogue, kInterleaved8>>(
+      &sm90::sm90_w4a8_small_m_grouped_gemm_kernel<kStages, kFormat, kEpilogue, kInterleaved8>,
+      sm90::kW4a8SmallThreadsPerCta, a, weight_data, params, stream);
 }
 
 // W4A8 v10: the 128 x 128 v11-skeleton kernel (BF16 out only; docs/grouped_gemm.md "W4A8 v10").
@@ -141,6 +142,20 @@ bool use_small_m_kernel(W4a8Epilogue epilogue, int rows_hint, bool swiglu_spread
   if (text.empty() || text == "auto")
     return epilogue == W4a8Epilogue::kSwigluQuantFp8 &&
            !(rows_hint >= 1 && rows_hint <= sm90::kW4a8SpreadRows && swiglu_spread);
+  MEGAMOE_CHECK(text == "0" || text == "1", "MEGAMOE_W4A8_SMALL_M = '", text, "' must be auto, 0 or 1");
+  return text == "1";
+}
+
+// GEMM 1 on W13 packed kGateUpInterleaved8: the small-M kernel's kInterleaved8 mode for rows hints 1..64 (one
+// 64-row tile per expert at most: 8-64 rows per expert are decode-bound, where the small-M kernel's 512 decode
+// threads per 64 x 256 tile beat v10 GEMM 1's 256 per 128 x 256 tile; docs/grouped_gemm.md "W4A8 small-M GEMM 1 on
+// interleaved W13"), v10 GEMM 1 for unknown (<= 0) or larger hints. MEGAMOE_W4A8_SMALL_M=0 keeps v10 GEMM 1 at
+// every hint (A/B runs; read per call as use_small_m_kernel; auto and 1 take the small-M mode).
+bool use_small_m_interleaved(int rows_hint) {
+  if (rows_hint < 1 || rows_hint > 64) return false;
+  const char* value = std::getenv("MEGAMOE_W4A8_SMALL_M");
+  const std::string text = value ? value : "";
+  if (text.empty() || text == "auto") return true;
   MEGAMOE_CHECK(text == "0" || text == "1", "MEGAMOE_W4A8_SMALL_M = '", text, "' must be auto, 0 or 1");
   return text == "1";
 }
@@ -292,7 +307,14 @@ void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
   params.swiglu_spread = detail::swiglu_spread_enabled();
-  if (args.weights.packing == GemmRole::kGateUpInterleaved8) {  // W4A8 v10 GEMM 1, the one kernel for this packing
+  if (args.weights.packing == GemmRole::kGateUpInterleaved8 && use_small_m_interleaved(args.rows_per_expert_hint)) {
+    if (args.weights.format == WeightFormat::kNvfp4)
+      launch_small_m<Fp4Format::kNvfp4, W4a8Epilogue::kSwigluQuantFp8, true>(args.a, args.weights.data, params, stream);
+    else
+      launch_small_m<Fp4Format::kMxfp4, W4a8Epilogue::kSwigluQuantFp8, true>(args.a, args.weights.data, params, stream);
+    return;
+  }
+  if (args.weights.packing == GemmRole::kGateUpInterleaved8) {  // W4A8 v10 GEMM 1 (unknown or > 64 rows hints)
     MEGAMOE_CHECK(params.n % sm90::kW4a8V10Gemm1BlockN == 0, "2*intermediate = ", params.n, " must be a multiple of ",
                   sm90::kW4a8V10Gemm1BlockN, " for W4A8 v10 GEMM 1");
     if (args.weights.format == WeightFormat::kNvfp4)

@@ -21,13 +21,44 @@
 // The amax is a max, so the result is bit-identical to the 2-warpgroup kernel's.
 //
 // NOTES:
-// - Named barriers: 1 = the two up warpgroups' amax exchange (256 threads), 2..5 = the decode barrier of
-//   math warpgroup 0..3 (128), 8 + 4 p + w = warp pair p (gate g = p, up g = p + 2), warp w (64).
+// - Named barriers: 1 = the two up warpgroups' amax exchange (256 threads; kInterleaved8: the four math
+//   warpgroups' amax exchange, 512 threads, once per tile), 2..5 = the decode barrier of math warpgroup 0..3
+//   (128), 8 + 4 p + w = warp pair p (gate g = p, up g = p + 2), warp w (64; kGateUp only).
 // - Register pool: __launch_bounds__(640, 1) caps ptxas at 96 per thread (65,536 / 640 rounded down to a
 //   multiple of 8), 61,440 in all; the producer warpgroup drops to 32 and the math warpgroups take
 //   112 (32 x 128 + 112 x 512 = 61,440; at 24 the producer side spilled 8 bytes).
 // - Everything else (ring protocol, stage phases in lockstep, rows past the expert's end computed and
 //   never stored, the decoded buffer reuse argument) as sm90_w4a8_grouped_gemm.cuh's NOTES.
+//
+// kInterleaved8 (session 18; docs/grouped_gemm.md "W4A8 small-M GEMM 1 on interleaved W13"): GEMM 1 on W13 packed
+// GemmRole::kGateUpInterleaved8 (gate/up rows interleaved by 8, block records unchanged per canonical 128-row
+// block: the producer, TMA boxes and scale ring are the kGateUp kernel's). Packed tile column 128 h + 16 p + c
+// (c < 8) is gate row 64 h + 8 p + c of the tile's gate block, + 8 the up row (sm90_w4a8_v10_gemm1.cuh NOTES), so
+// math warpgroup g's 64 packed columns (h = g / 2, p = 4 (g % 2) + j / 2 for its 8-column group j) hold gate (j
+// even) AND up (j odd) of the 32 outputs 32 g .. 32 g + 31; fragment register 4 j + 2 r + c is output column
+// 32 g + 8 (j / 2) + 2 (lane % 4) + c of row r. Hence:
+// - Decode: thread t decodes half of its warpgroup's packed row t / 2 with that row's own block record: gate for
+//   ((t / 2) / 8) % 2 == 0, i.e. (t / 16) % 2 == 0, up otherwise (v10 GEMM 1's (packed row / 8) % 2).
+// - Promotion: acc += partial * fl(a_scale * factor) with the gate factor on even 8-column groups, the up factor
+//   on odd ones (the element's block, as w4a8_promote_m64n128 / v10 GEMM 1).
+// - Epilogue in-thread: value = activate(acc[8 q + 2 r + c], acc[8 q + 4 + 2 r + c]) (gate, up), no warp-pair
+//   handoff and no pair barriers. The row amax over the 128 outputs: each warpgroup's partial over its 32
+//   (thread's 8, then the quad's shuffles) goes to shared [parity][4][64], ONE named barrier kW4a8SmallAmaxBarrier
+//   (id 1) over the 512 math threads, then every thread takes the max over the 4 partials (exact and
+//   order-free: fmaxf). The slots are double-buffered by the CTA's tile parity: a warpgroup writes the buffer of
+//   tile t + 2 only after the barrier of tile t + 1, which no warpgroup reaches before its reads of tile t (program
+//   order), so one barrier per tile orders both hazards (RowsAmaxExchange's argument, sm90_fp8_grouped_gemm.cuh).
+//   Every math warp reaches the barrier every tile (warps without rows write amax 0, never read for a stored row).
+//   Each warpgroup quantizes and stores its 32 outputs per row; warpgroup 0 stores the row's scale.
+// - Bit-identical to the kGateUp kernels: same decoded bytes (the packing moves rows, not bytes; each row its own
+//   block's p), same partials (an element's 128-K partial is the same 4 k32 steps of the same A and decoded B row,
+//   independent of its column in the n64 group), same promotion (scale0 = fl(a_scale * factor) of the element's
+//   block, k-block order from 0), same per-element epilogue operations (activate, exact amax, scale = fl(fl(amax
+//   |w|) max 1e-10 / 448), code = e4m3(fl(fl(v w) / scale)) satfinite).
+// - Shared memory: no gate exchange (16 KiB less than kGateUp's), the amax slots 2 x 4 x 64 floats. The launcher's
+//   max_stages still gives 5 stages (a 6th, ~26 KiB with its ring slot, does not fit in the 16 KiB saved); the
+//   outputs do not depend on the depth.
+// - Registers: 4 promotion scales instead of 2 and a per-thread decode exponent; the epilogue activates in place.
 #pragma once
 
 #include "kernels/sm90_w4a8_grouped_gemm.cuh"
@@ -40,9 +71,14 @@ constexpr int kW4a8SmallColumns = kW4a8BlockN / kW4a8SmallMathWarpgroups;  // 64
 constexpr uint32_t kW4a8SmallAmaxBarrier = 1;
 constexpr uint32_t kW4a8SmallDecodeBarrier = 2;  // + math warpgroup
 constexpr uint32_t kW4a8SmallPairBarrier = 8;    // + 4 * pair + warp
+// Math warpgroups whose partial row amax the kInterleaved8 epilogue combines (all four, 512 threads).
+constexpr int kW4a8SmallAmaxThreadsInterleaved = 128 * kW4a8SmallMathWarpgroups;
 
-template <int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+template <int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue, bool kInterleaved8 = false>
 struct W4a8SmallMLayout {
+  static_assert(!kInterleaved8 || kEpilogue == W4a8Epilogue::kSwigluQuantFp8,
+                "the by-8 interleave is GEMM 1's W13 packing (SwiGLU epilogue)");
+  static constexpr bool kGateUpInterleaved8 = kInterleaved8;
   // The names W4a8GemmShared, produce_w4a8_tile and produce_w4a8_scales read (as W4a8GemmLayout).
   static constexpr int kSubTiles = 1;
   static constexpr int kStageCount = kStages;
@@ -60,12 +96,15 @@ struct W4a8SmallMLayout {
   static constexpr int kFp4Offset = kAOffset + kStages * kABytes;
   static constexpr int kScaleOffset = kFp4Offset + kStages * kFp4Bytes;
   // SwiGLU: per warp pair 16 registers x 64 threads of gate values in flight (two pairs: 16 KiB), then
-  // the up warpgroups' per-row amax [2][64] floats.
+  // the up warpgroups' per-row amax [2][64] floats. kInterleaved8: no gate exchange, the per-row amax
+  // [2 tile parities][4 warpgroups][64] floats.
   static constexpr int kExchangeRegisters = 16;
   static constexpr int kExchangeOffset = kScaleOffset + kStages * kScaleBytes;
+  static constexpr int kGateExchangeBytes = kInterleaved8 ? 0 : 2 * kExchangeRegisters * 128 * 4;
+  static constexpr int kAmaxBytes = kInterleaved8 ? 2 * kW4a8SmallMathWarpgroups * kBlockM * 4 : 2 * kBlockM * 4;
   static constexpr int kExchangeBytes =
-      kEpilogue == W4a8Epilogue::kSwigluQuantFp8 ? 2 * kExchangeRegisters * 128 * 4 + 2 * kBlockM * 4 : 0;
-  static constexpr int kAmaxOffset = kExchangeOffset + 2 * kExchangeRegisters * 128 * 4;
+      kEpilogue == W4a8Epilogue::kSwigluQuantFp8 ? kGateExchangeBytes + kAmaxBytes : 0;
+  static constexpr int kAmaxOffset = kExchangeOffset + kGateExchangeBytes;
   static constexpr int kScaleRecords = kW4a8BlockN / 128;
   static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
   static constexpr int kScaleRingOffset = kExchangeOffset + kExchangeBytes;
@@ -96,7 +135,10 @@ __device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], 
   const int row_in_tile = (thread_in_wg / 32) * 16 + lane / 4;
   const uint32_t decode_barrier = kW4a8SmallDecodeBarrier + math_wg;
   uint8_t* my_decoded = smem.decoded + math_wg * 2 * Layout::kDecodedBytes;
-  const int record_word = Layout::kBlockM + 2 * (math_wg / 2);  // gate (record 0) or up (record 1)
+  // Decode record: kGateUp, the warpgroup's (gate for 0, 1, up for 2, 3); kInterleaved8, this thread's packed
+  // row's (t / 2) (gate for even 8-row groups, up for odd: (t / 16) % 2).
+  const int record_word =
+      Layout::kBlockM + 2 * (Layout::kGateUpInterleaved8 ? (thread_in_wg / 16) % 2 : math_wg / 2);
   auto slot_word = [&](int stage, int word) { return smem.scale_ring[stage * Layout::kScaleSlotWords + word]; };
   // Two threads per weight row: thread t decodes chunks 2 (t & 1), +1 of row t / 2 of this warpgroup's 64.
   auto decode = [&](int s, int kb) {
@@ -116,10 +158,27 @@ __device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], 
   barrier_wait(&smem.full[cursor.stage], cursor.phase);
   decode(cursor.stage, 0);
   for (int kb = 0; kb < k_blocks; ++kb) {
-    // Stage kb's `full` was waited for before its decode: its scale slot is readable.
-    const float factor = __uint_as_float(slot_word(cursor.stage, record_word));
-    const float scale0 = __uint_as_float(slot_word(cursor.stage, row_in_tile)) * factor;
-    const float scale1 = __uint_as_float(slot_word(cursor.stage, row_in_tile + 8)) * factor;
+    // Stage kb's `full` was waited for before its decode: its scale slot is readable. Promotion scales
+    // fl(a_scale * factor): kGateUp, the warpgroup's block (even = odd); kInterleaved8, the gate block's on even
+    // 8-column groups, the up block's on odd ones.
+    // (The kGateUp statements are the pre-kInterleaved8 ones: its SASS is unchanged.)
+    float scale0_even, scale1_even, scale0_odd, scale1_odd;
+    if constexpr (Layout::kGateUpInterleaved8) {
+      const float a_scale0 = __uint_as_float(slot_word(cursor.stage, row_in_tile));
+      const float a_scale1 = __uint_as_float(slot_word(cursor.stage, row_in_tile + 8));
+      const float factor_gate = __uint_as_float(slot_word(cursor.stage, Layout::kBlockM));
+      const float factor_up = __uint_as_float(slot_word(cursor.stage, Layout::kBlockM + 2));
+      scale0_even = a_scale0 * factor_gate;
+      scale1_even = a_scale1 * factor_gate;
+      scale0_odd = a_scale0 * factor_up;
+      scale1_odd = a_scale1 * factor_up;
+    } else {
+      const float factor = __uint_as_float(slot_word(cursor.stage, record_word));
+      const float scale0 = __uint_as_float(slot_word(cursor.stage, row_in_tile)) * factor;
+      const float scale1 = __uint_as_float(slot_word(cursor.stage, row_in_tile + 8)) * factor;
+      scale0_even = scale0_odd = scale0;
+      scale1_even = scale1_odd = scale1;
+    }
     named_barrier_sync(decode_barrier, 128);  // every row of decoded kb is written and fenced
     const uint32_t b_base = smem_address(my_decoded + (kb & 1) * Layout::kDecodedBytes);
     const uint32_t a_base = smem_address(smem.a_tiles + cursor.stage * Layout::kABytes);
@@ -144,6 +203,7 @@ __device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], 
     if (warp_has_rows) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
+        const float scale0 = j % 2 ? scale0_odd : scale0_even, scale1 = j % 2 ? scale1_odd : scale1_even;
         accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
         accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
         accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
@@ -231,11 +291,84 @@ __device__ __forceinline__ void w4a8_small_m_swiglu_epilogue(float (&accumulator
   }
 }
 
-template <int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue>
+// GEMM 1 epilogue of the kInterleaved8 small-M kernel (header comment): math warpgroup math_wg activates its 32
+// outputs per row in-thread (gate = even 8-column groups, up = odd), the row amax over the output's 128 columns
+// combines the 4 warpgroups' partials through shared memory (double-buffered by `parity`, the CTA's tile parity; one
+// 512-thread barrier), then the warpgroup applies the top-k weight, quantizes and stores its 32 columns per row
+// (warpgroup 0 the row's scale). Every math thread calls it for every tile (the barrier).
+template <class Layout>
+__device__ __forceinline__ void w4a8_small_m_interleaved_epilogue(float (&accumulator)[32],
+                                                                  const W4a8GemmShared<Layout>& smem, int math_wg,
+                                                                  const MathRows<1>& where, bool warp_has_rows,
+                                                                  uint32_t parity, int n_tile, int out_cols,
+                                                                  const float* topk_weights, uint8_t* out,
+                                                                  float* out_scales, int activation, float limit,
+                                                                  float alpha) {
+  static_assert(Layout::kGateUpInterleaved8, "the in-thread SwiGLU reads W13 interleaved by 8");
+  const int lane = threadIdx.x % 32;
+  const int thread_in_wg = threadIdx.x % 128;
+  const int warp = thread_in_wg / 32;
+  // [parity][warpgroup][tile row]
+  float* row_amax = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem.exchange) +
+                                             (Layout::kAmaxOffset - Layout::kExchangeOffset)) +
+                    parity * (kW4a8SmallMathWarpgroups * Layout::kBlockM);
+  float amax[2] = {0.0f, 0.0f};
+  if (warp_has_rows) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // Warp-uniform: an 8-row half without a row of the expert (an expert of <= 8 rows: every warp's second half)
+      // skips its activations; its amax stays 0, read only for rows never stored.
+      if (!__any_sync(0xffffffffu, where.valid[0][r])) continue;
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float value =
+              activate(accumulator[8 * q + 2 * r + c], accumulator[8 * q + 4 + 2 * r + c], activation, limit, alpha);
+          accumulator[8 * q + 2 * r + c] = value;
+          amax[r] = fmaxf(amax[r], fabsf(value));
+        }
+      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 1));
+      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 2));
+    }
+  }
+  const int row0 = warp * 16 + lane / 4;  // tile row of fragment row 0 (row 1: + 8)
+  if (lane % 4 == 0) {
+    row_amax[math_wg * Layout::kBlockM + row0] = amax[0];
+    row_amax[math_wg * Layout::kBlockM + row0 + 8] = amax[1];
+  }
+  named_barrier_sync(kW4a8SmallAmaxBarrier, kW4a8SmallAmaxThreadsInterleaved);
+  if (!warp_has_rows) return;
+#pragma unroll
+  for (int g = 0; g < kW4a8SmallMathWarpgroups; ++g) {  // this warpgroup's own slot too: fmaxf(x, x) = x
+    amax[0] = fmaxf(amax[0], row_amax[g * Layout::kBlockM + row0]);
+    amax[1] = fmaxf(amax[1], row_amax[g * Layout::kBlockM + row0 + 8]);
+  }
+  const int col_base = n_tile * 128 + 32 * math_wg + 2 * (lane % 4);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (!where.valid[0][r]) continue;
+    const int row = where.rows[0][r];
+    // amax |fl(v * w)| = fl(amax |v| * |w|) (rounding is monotonic), so the weight multiplies here.
+    const float weight = topk_weights ? topk_weights[row] : 1.0f;
+    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[r], fabsf(weight)), 1e-10f), 448.0f);
+    uint8_t* out_row = out + static_cast<int64_t>(row) * out_cols + col_base;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float2 pair_values = make_float2(__fdiv_rn(__fmul_rn(accumulator[8 * q + 2 * r], weight), scale),
+                                             __fdiv_rn(__fmul_rn(accumulator[8 * q + 2 * r + 1], weight), scale));
+      *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * q) =
+          __nv_cvt_float2_to_fp8x2(pair_values, __NV_SATFINITE, __NV_E4M3);
+    }
+    if (math_wg == 0 && lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
+  }
+}
+
+template <int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue, bool kInterleaved8 = false>
 __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
     sm90_w4a8_small_m_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                           const __grid_constant__ CUtensorMap b_map, const W4a8GemmParams params) {
-  using Layout = W4a8SmallMLayout<kStages, kFormat, kEpilogue>;
+  using Layout = W4a8SmallMLayout<kStages, kFormat, kEpilogue, kInterleaved8>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr uint32_t kProducerRegs = 32;
   constexpr uint32_t kMathRegs = 112;
@@ -268,6 +401,7 @@ __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
   int expert = 0;
   float accumulator[32];
   float partial[32];
+  uint32_t parity = 0;  // kInterleaved8: the CTA's tile parity (the epilogue's amax slots)
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<1> where(t.m0, t.m_end, row_in_tile);
@@ -280,6 +414,11 @@ __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
         w4a8_store_bf16_epilogue<1, 32>(as_sub_tiles, where, static_cast<__nv_bfloat16*>(params.out), params.n,
                                         t.n_tile * kW4a8BlockN + math_wg * kW4a8SmallColumns);
       }
+    } else if constexpr (kInterleaved8) {
+      w4a8_small_m_interleaved_epilogue<Layout>(accumulator, smem, math_wg, where, warp_has_rows, parity, t.n_tile,
+                                                params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
+                                                params.out_scales, params.activation, params.limit, params.alpha);
+      parity ^= 1u;
     } else {
       w4a8_small_m_swiglu_epilogue<Layout>(accumulator, smem, math_wg, where, warp_has_rows, t.n_tile, params.n / 2,
                                            params.topk_weights, static_cast<uint8_t*>(params.out), params.out_scales,

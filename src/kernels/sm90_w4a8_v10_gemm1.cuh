@@ -3,7 +3,8 @@
 // (sm90_fp8_wide_gemm1.cuh) applies v11 to it: split-M 128 x 256 tiles on W13 packed gate/up interleaved by 8
 // (GemmRole::kGateUpInterleaved8, pack_w4a8_expert_weights), the in-thread SwiGLU + FP8 requant epilogue
 // swiglu_quant_fp8_rows_epilogue (sm90_fp8_grouped_gemm.cuh, kHalves = 2) reused as is. grouped_gemm1_w4a8 runs it
-// for W13 packed with kGateUpInterleaved8 (every rows hint: no other W4A8 kernel reads that packing); which packing
+// for W13 packed with kGateUpInterleaved8 at unknown or > 64 rows hints (1..64: the small-M kernel's kInterleaved8
+// mode, sm90_w4a8_small_m_grouped_gemm.cuh, the other W4A8 kernel that reads that packing); which packing
 // a loader picks is MEGAMOE_W4A8_G1_V10 (kernels::w4a8_gemm1_packing(), default 0 = kGateUp = the old kernels).
 //
 // Why: GEMM 1 at >= 512 rows per expert runs the old 128 x 256 split-N kernel (two m64 sub-tiles per math

@@ -513,9 +513,12 @@ void perturb_scales(W4a8Problem& p, uint64_t seed) {
   }
 }
 
-// Raw output bytes of one W4A8 launch on packed weights (GEMM 1: codes then scales; GEMM 2: BF16).
-std::vector<uint8_t> run_raw(const W4a8Problem& p, const PackedDevice& w, bool gemm1, int rows_hint) {
+// Raw output bytes of one W4A8 launch on packed weights (GEMM 1: codes then scales; GEMM 2: BF16). GEMM 1 only:
+// topk ([capacity] weights, or none) and act (default SiLU).
+std::vector<uint8_t> run_raw(const W4a8Problem& p, const PackedDevice& w, bool gemm1, int rows_hint,
+                             const std::vector<float>* topk = nullptr, const Activation& act = Activation{}) {
   DeviceBuffer a(p.a), a_scales(p.a_scales), offsets(p.offsets);
+  DeviceBuffer topk_d(topk ? *topk : std::vector<float>(1, 1.0f));
   const int out_cols = gemm1 ? p.n / 2 : p.n;
   DeviceBuffer out(p.capacity * out_cols * (gemm1 ? 1 : 2));
   DeviceBuffer out_scales(p.capacity * (gemm1 ? p.n / 256 : 1) * sizeof(float));
@@ -534,6 +537,8 @@ std::vector<uint8_t> run_raw(const W4a8Problem& p, const PackedDevice& w, bool g
     args.hidden = p.k;
     args.intermediate = p.n / 2;
     args.rows_per_expert_hint = rows_hint;
+    args.topk_weights = topk ? topk_d.as<float>() : nullptr;
+    args.activation = act;
     kernels::grouped_gemm1_w4a8(args, nullptr);
   } else {
     kernels::GroupedGemm2W4a8Args args;
@@ -688,6 +693,27 @@ TEST(GroupedGemmW4a8, W4a8V10AgainstReference) {
   }
 }
 
+// GEMM-1 outputs (run_raw: codes [capacity, intermediate] then scales) of a new kernel against an old one on the
+// same inputs: byte for byte, and no code written in rows of no expert. Returns 1 (one launch pair compared).
+int expect_gemm1_bytes_equal(const W4a8Problem& p, int intermediate, const std::vector<uint8_t>& old_out,
+                             const std::vector<uint8_t>& new_out) {
+  EXPECT_EQ(old_out.size(), new_out.size());
+  if (old_out.size() != new_out.size()) return 1;
+  const size_t code_bytes = static_cast<size_t>(p.capacity) * intermediate;
+  int64_t differ = 0, first = -1, unpoisoned = 0;
+  for (size_t i = 0; i < new_out.size(); ++i)
+    if (old_out[i] != new_out[i] && differ++ == 0) first = static_cast<int64_t>(i);
+  for (int64_t r = 0; r < p.capacity; ++r)
+    if (expert_of_row(p, r) < 0)
+      for (int c = 0; c < intermediate; ++c) unpoisoned += new_out[r * intermediate + c] != 0xFF;
+  EXPECT_EQ(differ, 0) << "first differing byte " << first
+                       << (first >= 0 && static_cast<size_t>(first) < code_bytes
+                               ? " (codes, row " + std::to_string(first / intermediate) + ")"
+                               : " (scales)");
+  EXPECT_EQ(unpoisoned, 0) << "codes written in rows of no expert";
+  return 1;
+}
+
 // W4A8 v10 GEMM 1 (W13 packed kGateUpInterleaved8, sm90_w4a8_v10_gemm1.cuh) against the old GEMM-1 kernels (the same
 // canonical weights packed kGateUp) on the same inputs, codes then scales byte for byte, pad rows and rows of no
 // expert poisoned in both: experts of 0, 1, 63, 64, 65, 127, 128, 129, 300 rows (tiles whose second math warpgroup
@@ -715,27 +741,81 @@ TEST(GroupedGemmW4a8, W4a8V10Gemm1MatchesOldBitForBit) {
             SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint));
             const std::vector<uint8_t> old_out = run_raw(p, old_weights, true, hint);
             const std::vector<uint8_t> new_out = run_raw(p, new_weights, true, hint);
-            EXPECT_EQ(old_out.size(), new_out.size());
-            if (old_out.size() != new_out.size()) continue;
-            const size_t code_bytes = static_cast<size_t>(p.capacity) * intermediate;
-            int64_t differ = 0, first = -1, unpoisoned = 0;
-            for (size_t i = 0; i < new_out.size(); ++i)
-              if (old_out[i] != new_out[i] && differ++ == 0) first = static_cast<int64_t>(i);
-            for (int64_t r = 0; r < p.capacity; ++r)
-              if (expert_of_row(p, r) < 0)
-                for (int c = 0; c < intermediate; ++c) unpoisoned += new_out[r * intermediate + c] != 0xFF;
-            EXPECT_EQ(differ, 0) << "first differing byte " << first
-                                 << (first >= 0 && static_cast<size_t>(first) < code_bytes
-                                         ? " (codes, row " + std::to_string(first / intermediate) + ")"
-                                         : " (scales)");
-            EXPECT_EQ(unpoisoned, 0) << "codes written in rows of no expert";
-            ++compared;
+            compared += expect_gemm1_bytes_equal(p, intermediate, old_out, new_out);
           }
         }
       }
     }
   }
   std::printf("w4a8 v10 gemm1 vs old kernels: %d launch pairs compared\n", compared);
+}
+
+// The small-M kernel's kInterleaved8 mode (W13 packed kGateUpInterleaved8 at rows hints 1..64,
+// sm90_w4a8_small_m_grouped_gemm.cuh; MEGAMOE_W4A8_SMALL_M pinned to 1) against BOTH old 64-row GEMM-1 kernels on
+// the same canonical weights packed kGateUp (MEGAMOE_W4A8_SMALL_M=1: the old small-M kernel, 0: the 2-warpgroup
+// kernel with the spread epilogue at <= 32 rows), codes then scales byte for byte, rows of no expert poisoned:
+// experts of 0, 1, 7, 8, 9, 33, 64, 65 rows (a 64-row tile whose warps 1-3 have no row, partial warps and 8-row
+// halves, a full tile, 64 + 1), N = 2I for I in {256, 2048}, K in {512, 7168}, both formats, decoders old and auto,
+// SiLU without top-k and clamped SwiGLU with top-k weights, rows hints 8 / 16 / 32 / 64, scales perturbed into the
+// decoders' fallbacks. 64 launch triples (128 pairs).
+TEST(GroupedGemmW4a8, W4a8V10Gemm1SmallMInterleavedMatchesOldBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_decoder(kernels::w4a8_decode, kernels::set_w4a8_decode);
+  const std::vector<int> counts = {0, 1, 7, 8, 9, 33, 64, 65};
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  uint64_t seed = 1821;
+  int compared = 0;
+  for (WeightFormat f : kFormats) {
+    for (const auto& [intermediate, k] : {std::pair{256, 512}, std::pair{2048, 7168}}) {
+      const bool large = intermediate * k > 256 * 512;
+      W4a8Problem p = make_problem(f, counts, 2 * intermediate, k, ++seed, large, false);
+      perturb_scales(p, seed);
+      const PackedDevice old_weights = pack(p, kernels::GemmRole::kGateUp);
+      const PackedDevice new_weights = pack(p, kernels::GemmRole::kGateUpInterleaved8);
+      std::vector<float> topk(p.capacity);
+      std::mt19937_64 rng(seed + 7);
+      std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+      for (auto& t : topk) t = weight(rng);
+      for (int decoder : {0, 3}) {
+        kernels::set_w4a8_decode(decoder);
+        for (bool topk_clamped : {false, true}) {
+          const std::vector<float>* weights = topk_clamped ? &topk : nullptr;
+          const Activation act = topk_clamped ? clamped : Activation{};
+          for (int hint : {8, 16, 32, 64}) {
+            SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint) +
+                         (topk_clamped ? " clamped+topk" : " silu"));
+            std::vector<uint8_t> new_out;
+            {
+              const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "1");
+              new_out = run_raw(p, new_weights, true, hint, weights, act);
+            }
+            for (const char* old_kernel : {"1", "0"}) {
+              SCOPED_TRACE(std::string("old MEGAMOE_W4A8_SMALL_M=") + old_kernel);
+              const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", old_kernel);
+              compared += expect_gemm1_bytes_equal(p, intermediate, run_raw(p, old_weights, true, hint, weights, act),
+                                                   new_out);
+            }
+          }
+        }
+      }
+    }
+  }
+  std::printf("w4a8 small-M interleaved gemm1 vs old kernels: %d launch pairs compared\n", compared);
+}
+
+// The small-M kernel's kInterleaved8 mode against the fp64 reference directly (run_gemm1's bounds), MEGAMOE_W4A8_SMALL_M
+// = auto (the default: the mode runs at hints 1..64 on interleaved weights).
+TEST(GroupedGemmW4a8, W4a8V10Gemm1SmallMInterleavedAgainstReference) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "auto");
+  const kernels::GemmRole interleaved = kernels::GemmRole::kGateUpInterleaved8;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  for (WeightFormat f : kFormats) {
+    run_gemm1(f, {0, 1, 7, 9, 33, 64, 65}, 512, 256, 1831, Activation{}, true, false, 8, interleaved);
+    run_gemm1(f, {5, 0, 64, 1, 40}, 384, 512, 1832, clamped, false, false, 64, interleaved);
+    run_gemm1(f, {0, 1, 17, 63, 8}, 512, 256, 1833, Activation{}, true, true, 32, interleaved);
+  }
+  run_gemm1(WeightFormat::kNvfp4, {33, 0, 8, 16}, 7168, 256, 1834, Activation{}, true, false, 16, interleaved);
 }
 
 // W4A8 v10 GEMM 1 against the fp64 reference directly (run_gemm1's bounds, random and bit-exact representable inputs,
