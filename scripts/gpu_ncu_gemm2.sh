@@ -27,10 +27,11 @@ fp8_gemm='sm90_fp8_(wide_gemm1|wide_grouped_gemm|grouped_gemm)_kernel'
 # lacked them and profiled sm90_fp8_grouped_gemm_kernel<1, 2, 4, SwiGLU, serial> instead of v11.
 v11_gemm1="--gemm1-v9 on --gemm1-v11 on"
 # Budget order (session 18: after the TMA-store epilogue, GEMM 1 and qwen3-30b first; NCU_POINTS=all adds the rest).
-MEGAMOE_GEMM_CLUSTER=0 profile g2_qwen3_r1024_c0 "$fp8_gemm" --gemms 2 --models qwen3-30b --rows 1024
+# NCU_POINTS=g1: the two v11 GEMM 1 points only.
+[ "${NCU_POINTS:-}" != g1 ] && MEGAMOE_GEMM_CLUSTER=0 profile g2_qwen3_r1024_c0 "$fp8_gemm" --gemms 2 --models qwen3-30b --rows 1024
 profile g1_qwen3_r1024 "$fp8_gemm" --gemms 1 $v11_gemm1 --models qwen3-30b --rows 1024
 profile g1_dsv3_r1024 "$fp8_gemm" --gemms 1 $v11_gemm1 --models dsv3 --rows 1024
-MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_r1024_c0 "$fp8_gemm" --gemms 2 --models dsv3 --rows 1024
+[ "${NCU_POINTS:-}" != g1 ] && MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_r1024_c0 "$fp8_gemm" --gemms 2 --models dsv3 --rows 1024
 if [ "${NCU_POINTS:-}" = all ]; then
   MEGAMOE_GEMM_CLUSTER=1 profile g2_dsv3_r1024_c1 "$fp8_gemm" --gemms 2 --models dsv3 --rows 1024
   MEGAMOE_GEMM_CLUSTER=0 profile g2_dsv3_spread512_c0 "$fp8_gemm" --gemms 2 --models dsv3 --rows 512 --rows-spread multinomial
