@@ -147,12 +147,16 @@ struct W4a8GemmLayout {
   static constexpr int kScaleRecords = kW4a8BlockN / 128;  // one {factor, p} per 128-row block of the tile
   static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
   static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
-  // kGateUpInterleaved8: the per-row amax exchange [2 tile parities][kSubTilesM][2 warpgroups][64] floats, its own
-  // region (the BF16 staging of the fused kernel's GEMM-2 tiles aliases the exchange region: no ordering needed
-  // between a warpgroup's last amax read and the other's first staging write). kGateUp: none.
-  static constexpr int kAmaxOffset = kExchangeOffset + kExchangeRegionBytes;
-  static constexpr int kAmaxBytes = kGateUpInterleaved8 ? 2 * kSubTilesM * kMathWarpgroups * 64 * 4 : 0;
-  static constexpr int kScaleRingOffset = kAmaxOffset + kAmaxBytes;
+  // kGateUpInterleaved8: the per-row amax exchange of w4a8_interleaved_swiglu_epilogue, [kSubTilesM][2 warpgroups][64]
+  // floats per tile. Standalone (kStagingRows == 0): its own region after the (empty) exchange region, two copies
+  // (tile parity). Fused (kStagingRows > 0): one copy at the start of the exchange region, which the GEMM-2 staging
+  // aliases: the fused kernel's 256-thread gemm1_done barrier after every GEMM-1 tile comes after every amax read of
+  // the tile and before the next tile's amax writes or any staging write (sm90_mega_moe.cuh). kGateUp: none.
+  static constexpr int kAmaxOffset = kStagingRows > 0 ? kExchangeOffset : kExchangeOffset + kExchangeRegionBytes;
+  static constexpr int kAmaxBytes = kGateUpInterleaved8 && kStagingRows == 0 ? 2 * kSubTilesM * kMathWarpgroups * 64 * 4 : 0;
+  static_assert(!kGateUpInterleaved8 || kStagingRows == 0 || kExchangeRegionBytes >= kSubTilesM * kMathWarpgroups * 64 * 4,
+                "the fused kernel's amax exchange in the exchange region");
+  static constexpr int kScaleRingOffset = kExchangeOffset + kExchangeRegionBytes + kAmaxBytes;
   static constexpr int kScaleRingBytes = kSharedScales ? (kStages * kScaleSlotWords * 4 + 15) / 16 * 16 : 0;
   static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
@@ -319,7 +323,8 @@ __device__ __forceinline__ void w4a8_promote_m64n128_interleaved(float (&accumul
 // scales (read coherently with kCoherentScales: the fused kernel writes them in the same launch);
 // blocks: this warpgroup's k_blocks {factor, decode exponent} records. kDecodeBarrier + math_wg: the
 // warpgroup-local named barrier (128 threads) ordering decode and wgmma.
-// Layout::kGateUpInterleaved8 (W13 packed GemmRole::kGateUpInterleaved8; docs/grouped_gemm.md "W4A8 2-warpgroup GEMM 1
+// kInterleaved (default Layout::kGateUpInterleaved8; the fused kernel's GEMM-2 tiles pass false), W13 packed
+// GemmRole::kGateUpInterleaved8 (docs/grouped_gemm.md "W4A8 2-warpgroup GEMM 1
 // on interleaved W13 (session 19)"): packed tile column 128 h + 16 p + c (c < 8) is gate row 64 h + 8 p + c of the
 // tile's gate block (canonical block 2 n_tile), + 8 the up row (block 2 n_tile + 1) (sm90_w4a8_v10_gemm1.cuh NOTES),
 // so math warpgroup w's 128 packed columns (h = w) hold gate (even 8-column groups j) AND up (odd j) of the outputs
@@ -333,7 +338,7 @@ __device__ __forceinline__ void w4a8_promote_m64n128_interleaved(float (&accumul
 // partial is the same 4 wgmma k32 steps over the same A row and decoded B row (independent of the element's column
 // in the n128 group); the promotion is the same FFMA with fl(a_scale * factor) of the element's block, in k-block
 // order from 0. The kGateUp statements are those before the mode existed (their SASS is unchanged).
-template <class Layout, bool kCoherentScales, uint32_t kDecodeBarrier>
+template <class Layout, bool kCoherentScales, uint32_t kDecodeBarrier, bool kInterleaved = Layout::kGateUpInterleaved8>
 __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
                                                    const W4a8GemmShared<Layout>& smem,
                                                    const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
@@ -350,8 +355,7 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
   uint8_t* my_decoded = smem.decoded + math_wg * 2 * Layout::kDecodedBytes;
   // kSharedScales: word w of stage s's scale slot (see W4a8GemmLayout).
   auto slot_word = [&](int stage, int word) { return smem.scale_ring[stage * Layout::kScaleSlotWords + word]; };
-  // {factor, decode exponent} of this warpgroup (kGateUp) / of this thread's decoded row (kGateUpInterleaved8).
-  constexpr bool kInterleaved = Layout::kGateUpInterleaved8;
+  // {factor, decode exponent} of this warpgroup (kGateUp) / of this thread's decoded row (kInterleaved).
   const int record_word = Layout::kBlockM + 2 * (kInterleaved ? (thread_in_wg / 8) % 2 : math_wg);
   const bool decodes_up_row = kInterleaved && (thread_in_wg / 8) % 2 == 1;
   // v3: a warp whose rows all lie past the expert's end skips the promotion of that sub-tile (its wgmma
@@ -387,17 +391,14 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
   // Global scales (the fused kernel): block records {factor, p} are loaded one k-block ahead (with the
   // A scales), off the decode's path. Shared scales: read from the stage's slot once `full` completed.
   W4a8BlockScaleDevice next_block{0.0f, 0};
-  W4a8BlockScaleDevice next_up_block{0.0f, 0};  // kInterleaved: the up block's (next_block: the gate block's)
-  if constexpr (!kSharedScales) {
-    next_block = load_block(blocks);
-    if constexpr (kInterleaved) next_up_block = load_block(blocks + k_blocks);
-  }
-  auto global_decode_exponent = [&]() {
-    return decodes_up_row ? next_up_block.decode_exponent : next_block.decode_exponent;
-  };
+  if constexpr (!kSharedScales) next_block = load_block(blocks);
+  // kInterleaved, global scales: the up block's record (next_block: the gate block's).
+  W4a8BlockScaleDevice next_up_block{0.0f, 0};
+  if constexpr (!kSharedScales && kInterleaved) next_up_block = load_block(blocks + k_blocks);
   barrier_wait(&smem.full[cursor.stage], cursor.phase);
   decode(cursor.stage, 0,
-         kSharedScales ? static_cast<int>(slot_word(cursor.stage, record_word + 1)) : global_decode_exponent());
+         kSharedScales ? static_cast<int>(slot_word(cursor.stage, record_word + 1))
+                       : (decodes_up_row ? next_up_block.decode_exponent : next_block.decode_exponent));
 
   float next_scale_a[kSubTilesM][2];
   if constexpr (!kSharedScales) {
@@ -445,7 +446,8 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
         const int next_stage = cursor.stage + 1 == kStages ? 0 : cursor.stage + 1;
         barrier_wait(&smem.full[next_stage], next_stage == 0 ? cursor.phase ^ 1 : cursor.phase);
         decode(next_stage, kb + 1,
-               kSharedScales ? static_cast<int>(slot_word(next_stage, record_word + 1)) : global_decode_exponent());
+               kSharedScales ? static_cast<int>(slot_word(next_stage, record_word + 1))
+                             : (decodes_up_row ? next_up_block.decode_exponent : next_block.decode_exponent));
       }
       wgmma_wait<0>();
 #pragma unroll
