@@ -304,12 +304,14 @@ __device__ __forceinline__ void w4a8_promote_m64n128(float (&accumulator)[64], c
   }
 }
 
-// w4a8_promote_m64n128 on W13 packed kGateUpInterleaved8: 8-column group j (registers 4 j .. 4 j + 3) is gate for even
-// j (scales fl(a_scale * gate factor): gate0 rows r, gate1 rows r + 8), up for odd j (up0, up1).
-__device__ __forceinline__ void w4a8_promote_m64n128_interleaved(float (&accumulator)[64], const float (&partial)[64],
-                                                                 float gate0, float gate1, float up0, float up1) {
+// w4a8_promote_m64n128 on W13 packed kGateUpInterleaved8 (kRegs = 64: m64n128, the 2-warpgroup kernel; 32: m64n64,
+// the small-M kernel): 8-column group j (registers 4 j .. 4 j + 3) is gate for even j (scales fl(a_scale * gate
+// factor): gate0 rows r, gate1 rows r + 8), up for odd j (up0, up1).
+template <int kRegs>
+__device__ __forceinline__ void w4a8_promote_gate_up_groups(float (&accumulator)[kRegs], const float (&partial)[kRegs],
+                                                            float gate0, float gate1, float up0, float up1) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < kRegs / 4; ++j) {
     const float scale0 = j % 2 ? up0 : gate0, scale1 = j % 2 ? up1 : gate1;
     accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
     accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
@@ -458,8 +460,8 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
       }
       if (warp_has_rows[s]) {
         if constexpr (kInterleaved)
-          w4a8_promote_m64n128_interleaved(accumulator[s], partial, scale_a[s][0] * factor, scale_a[s][1] * factor,
-                                           scale_a[s][0] * up_factor, scale_a[s][1] * up_factor);
+          w4a8_promote_gate_up_groups<64>(accumulator[s], partial, scale_a[s][0] * factor, scale_a[s][1] * factor,
+                                          scale_a[s][0] * up_factor, scale_a[s][1] * up_factor);
         else
           w4a8_promote_m64n128(accumulator[s], partial, scale_a[s][0] * factor, scale_a[s][1] * factor);
       }

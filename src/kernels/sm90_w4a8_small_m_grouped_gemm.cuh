@@ -201,16 +201,8 @@ __device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], 
     for (int i = 0; i < 32; ++i) fence_operand(partial[i]);
     if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
     cursor.advance();
-    if (warp_has_rows) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float scale0 = j % 2 ? scale0_odd : scale0_even, scale1 = j % 2 ? scale1_odd : scale1_even;
-        accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
-        accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
-        accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
-        accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
-      }
-    }
+    if (warp_has_rows)
+      w4a8_promote_gate_up_groups<32>(accumulator, partial, scale0_even, scale1_even, scale0_odd, scale1_odd);
   }
 }
 
