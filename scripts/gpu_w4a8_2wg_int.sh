@@ -6,14 +6,15 @@
 # bench gemm` / the layers pack W13 kGateUpInterleaved8; unset = kGateUp (the old kernels: the 2-warpgroup spread
 # kernel at <= 32 rows, small-M at 64). The switch is read once per process: alternating processes. Everything packed
 # into $OUT/w4a8_2wg_int.tgz after every step. Budget-ordered:
-# (1) tests (limit 90 s): GroupedGemmW4a8.W4a8TwoWarpgroupInterleaved* (new mode vs the kGateUp 2-warpgroup kernel,
-#     byte for byte, 96 launch pairs; fp64 reference), GroupedGemmW4a8.W4a8V10Gemm1* (small-M interleaved, whose
-#     epilogue is now the shared function; v10 GEMM 1), MegaSingle.W4a8Gemm1V10LayersMatchTheOldPacking/* (fused and
-#     split on interleaved W13 vs staged on kGateUp, byte for byte) with MEGAMOE_MEGA_LOG_MEMORY=1 (ONE W13).
+# (1) tests (limit 100 s): GroupedGemmW4a8.W4a8TwoWarpgroupInterleaved* (new mode vs the kGateUp 2-warpgroup kernel,
+#     byte for byte, 96 launch pairs; fp64 reference), GroupedGemmW4a8.W4a8V10Gemm1SmallMInterleaved* (the small-M
+#     interleaved mode, whose epilogue and promotion are now the shared functions), and
+#     MegaSingle.W4a8Gemm1V10LayersMatchTheOldPacking/* (fused, split, auto on the ONE interleaved W13 and fused on its
+#     own kGateUp W13 vs staged on kGateUp, byte for byte) with MEGAMOE_MEGA_LOG_MEMORY=1 (the W13 bytes per layer).
 # (2) bench gemm --gemms 1, nvfp4 and mxfp4, dsv3 ms4 qwen3-30b, 32 experts, exact 8 16 32 64 rows, switch unset / 1
-#     in alternating processes, round 1. (3) compute-sanitizer memcheck of the new reference test (limit 45 s).
-# (4) bench round 2. (5) the GEMM table (bench_variant_table.py: v1 = interleaved vs v0 = kGateUp).
-# (6) if the budget allows: bench layer --ranks 1 --preset dsv3 --experts 64 --format nvfp4 --tokens 128,1024, staged
+#     in alternating processes, rounds 1 and 2. (3) compute-sanitizer memcheck of the new reference test (limit 45 s).
+# (4) the GEMM table (bench_variant_table.py: v1 = interleaved vs v0 = kGateUp).
+# (5) if the budget allows: bench layer --ranks 1 --preset dsv3 --experts 64 --format nvfp4 --tokens 128,1024, staged
 #     then mega, switch unset / 1 alternating, two rounds; the layer table (layer_ab_table.py, ratio = unset / 1).
 #   source scripts/use_prebuilt.sh w4a8-2wg-int .xfer/w4a8-2wg-int && PREBUILT=$PREBUILT OUT=$OUT \
 #     bash .xfer/w4a8-2wg-int/scripts/gpu_w4a8_2wg_int.sh
@@ -23,7 +24,7 @@ B=${PREBUILT:?source scripts/use_prebuilt.sh w4a8-2wg-int first}
 budget_s=${GEMM_BUDGET_S:-240}; pack_name=w4a8_2wg_int.tgz
 source "$(dirname "$0")/device_steps.sh"
 T="$B/tests/megamoe_tests_gpu"
-step test_g1 90 env MEGAMOE_MEGA_LOG_MEMORY=1 "$T" --gtest_filter="${TEST_FILTER:-GroupedGemmW4a8.W4a8TwoWarpgroupInterleaved*:GroupedGemmW4a8.W4a8V10Gemm1*:MegaSingle.W4a8Gemm1V10LayersMatchTheOldPacking/*}"
+step test_g1 100 env MEGAMOE_MEGA_LOG_MEMORY=1 "$T" --gtest_filter="${TEST_FILTER:-GroupedGemmW4a8.W4a8TwoWarpgroupInterleaved*:GroupedGemmW4a8.W4a8V10Gemm1SmallMInterleaved*:MegaSingle.W4a8Gemm1V10LayersMatchTheOldPacking/*}"
 grep -hE "^\[  FAILED  \]|launch pairs" "$logs/test_g1.log" | sort -u | head -20
 grep -h "mega weights rank" "$logs/test_g1.log" | sed 's/^.*megamoe: //' | sort | uniq -c | head -8
 bench_round() {
@@ -38,15 +39,15 @@ bench_round() {
   done
 }
 bench_round 1
+bench_round 2
 step memcheck_g1 45 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$T" \
   --gtest_filter="${MEMCHECK_FILTER:-GroupedGemmW4a8.W4a8TwoWarpgroupInterleavedGemm1AgainstReference}"
 tail -3 "$logs/memcheck_g1.log"
 print_test_counts
-bench_round 2
 echo; echo "bench gemm --gemms 1: v0 = MEGAMOE_W4A8_G1_V10 unset (kGateUp), v1 = 1 (kGateUpInterleaved8: the new"
 echo "2-warpgroup mode at 8-32 rows, small-M interleaved at 64)"
 python3 "$(dirname "$0")/bench_variant_table.py" "$logs" w4a8-2wg-int gemm1 kgateup
-# (6) the layers, with what is left of GEMM_BUDGET_S + LAYER_BUDGET_S.
+# (5) the layers, with what is left of GEMM_BUDGET_S + LAYER_BUDGET_S.
 budget_s=$(( budget_s + ${LAYER_BUDGET_S:-240} ))
 layer_round() {
   local round=$1 backend v
