@@ -146,11 +146,25 @@ bool use_small_m_kernel(W4a8Epilogue epilogue, int rows_hint, bool swiglu_spread
   return text == "1";
 }
 
+// GEMM 1 on W13 packed kGateUpInterleaved8 at rows hints 1..32 with the spread epilogue on and
+// MEGAMOE_W4A8_SMALL_M unset / auto: the 2-warpgroup kernel's kSwigluInterleavedFp8 mode, exactly where
+// use_small_m_kernel sends the kGateUp GEMM 1 to the 2-warpgroup kernel (session 19: at 8-16 rows the small-M
+// kInterleaved8 mode measured 0.91-0.96x of the 2-warpgroup kGateUp kernel; docs/grouped_gemm.md "W4A8 2-warpgroup
+// GEMM 1 on interleaved W13 (session 19)").
+bool use_two_warpgroup_interleaved(int rows_hint, bool swiglu_spread) {
+  if (rows_hint < 1 || rows_hint > sm90::kW4a8SpreadRows || !swiglu_spread) return false;
+  const char* value = std::getenv("MEGAMOE_W4A8_SMALL_M");
+  const std::string text = value ? value : "";
+  return text.empty() || text == "auto";
+}
+
 // GEMM 1 on W13 packed kGateUpInterleaved8: the small-M kernel's kInterleaved8 mode for rows hints 1..64 (one
 // 64-row tile per expert at most: 8-64 rows per expert are decode-bound, where the small-M kernel's 512 decode
 // threads per 64 x 256 tile beat v10 GEMM 1's 256 per 128 x 256 tile; docs/grouped_gemm.md "W4A8 small-M GEMM 1 on
 // interleaved W13"), v10 GEMM 1 for unknown (<= 0) or larger hints. MEGAMOE_W4A8_SMALL_M=0 keeps v10 GEMM 1 at
-// every hint (A/B runs; read per call as use_small_m_kernel; auto and 1 take the small-M mode).
+// every hint (A/B runs; read per call as use_small_m_kernel; auto and 1 take the small-M mode). Since session 19 auto
+// first gives hints 1..32 with the spread epilogue on to the 2-warpgroup kernel (use_two_warpgroup_interleaved); 1
+// keeps the small-M mode at 1..64.
 bool use_small_m_interleaved(int rows_hint) {
   if (rows_hint < 1 || rows_hint > 64) return false;
   const char* value = std::getenv("MEGAMOE_W4A8_SMALL_M");
@@ -307,6 +321,14 @@ void grouped_gemm1_w4a8(const GroupedGemm1W4a8Args& args, cudaStream_t stream) {
   params.limit = args.activation.limit;
   params.alpha = args.activation.alpha;
   params.swiglu_spread = detail::swiglu_spread_enabled();
+  if (args.weights.packing == GemmRole::kGateUpInterleaved8 &&
+      use_two_warpgroup_interleaved(args.rows_per_expert_hint, params.swiglu_spread)) {
+    if (args.weights.format == WeightFormat::kNvfp4)
+      launch<1, Fp4Format::kNvfp4, W4a8Epilogue::kSwigluInterleavedFp8>(args.a, args.weights.data, params, stream);
+    else
+      launch<1, Fp4Format::kMxfp4, W4a8Epilogue::kSwigluInterleavedFp8>(args.a, args.weights.data, params, stream);
+    return;
+  }
   if (args.weights.packing == GemmRole::kGateUpInterleaved8 && use_small_m_interleaved(args.rows_per_expert_hint)) {
     if (args.weights.format == WeightFormat::kNvfp4)
       launch_small_m<Fp4Format::kNvfp4, W4a8Epilogue::kSwigluQuantFp8, true>(args.a, args.weights.data, params, stream);

@@ -404,12 +404,52 @@ __device__ __forceinline__ const uint8_t* mega_w4a8_group_scales(const uint8_t* 
                     kScaleBytesPerRow;
 }
 
-// Whether the launch's FP8 GEMM 1 reads W13 packed kGateUpInterleaved8 (GroupedGemmLayout kSplitNInterleaved; the
-// W4A8 layouts have no such member: false).
+// Whether the launch's GEMM 1 reads W13 packed kGateUpInterleaved8: FP8, GroupedGemmLayout kSplitNInterleaved; W4A8
+// (session 19), W4a8GemmLayout with the kSwigluInterleavedFp8 epilogue (kGateUpInterleaved8); BF16: never.
 template <class Layout>
 constexpr bool mega_interleaved_w13() {
   if constexpr (requires { Layout::kGateUpSplitNInterleaved8; }) return Layout::kGateUpSplitNInterleaved8;
+  else if constexpr (requires { Layout::kW4a8SharedScales; }) return Layout::kGateUpInterleaved8;
   else return false;
+}
+
+// W4A8 GEMM-1 epilogue of a tile on W13 packed kGateUpInterleaved8 (W4a8GemmLayout kSwigluInterleavedFp8; the
+// standalone 2-warpgroup kernel's pieces, sm90_w4a8_grouped_gemm.cuh): math warpgroup w holds, per 64-row sub-tile,
+// gate AND up of outputs [64 w, 64 w + 64) of FP8 block n_tile. A 64-row tile of <= kW4a8SpreadRows rows (with
+// p.swiglu_spread) takes the spread epilogue (kInterleaved), its FP32 staging in the decoded tiles as the standalone
+// kernel; otherwise w4a8_interleaved_swiglu_epilogue (in-thread SwiGLU, the row amax exchanged between the two
+// warpgroups through smem.row_amax: the start of the exchange region, W4a8GemmLayout::kAmaxOffset).
+// NOTES:
+// - Bit-identical to the kGateUp W4A8 GEMM 1 (w4a8_tile_mainloop / w4a8_interleaved_swiglu_epilogue NOTES).
+// - Barriers: named barrier 1 (256 math threads: the amax exchange, or the spread epilogue's three); the choice
+//   depends on (m0, m_end) only: CTA-uniform. Both warpgroups store codes of every row, so the caller publishes the
+//   tile after a 256-thread barrier (id 2), which also orders this tile's amax reads before the next tile's amax
+//   writes and any GEMM-2 staging write (both alias the region), and the spread staging's reads before the next
+//   decode into the decoded tiles (the standalone kernel's argument: the spread's first barrier comes after both
+//   warpgroups' last wgmma of the tile).
+// - Top-k weights and no other operand are read coherently (written by other CTAs in this launch).
+template <class Layout>
+__device__ __forceinline__ void mega_w4a8_gemm1_interleaved_epilogue(float (&accumulator)[Layout::kSubTiles][64],
+                                                                     const sm90::W4a8GemmShared<Layout>& smem,
+                                                                     int math_wg, const sm90::MathRows<Layout::kSubTiles>& where,
+                                                                     int m0, int m_end, int n_tile, int I,
+                                                                     const float* topk_weights, const MegaMoeParams& p) {
+  using namespace sm90;
+  static_assert(Layout::kGateUpInterleaved8 && Layout::kStagingRowsValue > 0, "the fused kernel's interleaved layout");
+  constexpr uint32_t kBarrier = 1;
+  if constexpr (Layout::kSubTiles == 1) {
+    static_assert(2 * kW4a8SpreadRows * 128 * 4 <= 2 * kMathWarpgroups * Layout::kDecodedBytes,
+                  "the spread staging lives in the decoded tiles");
+    if (p.swiglu_spread && m_end - m0 <= kW4a8SpreadRows) {
+      swiglu_quant_fp8_spread_epilogue<kW4a8SpreadRows, true, false, true>(
+          accumulator[0], reinterpret_cast<float*>(smem.decoded), math_wg, m0, m_end - m0, n_tile, I, topk_weights,
+          p.act, p.act_scales, p.activation, p.limit, p.alpha, kBarrier);
+      return;
+    }
+  }
+  w4a8_interleaved_swiglu_epilogue<Layout::kSubTiles, 64, kMathWarpgroups, true>(
+      accumulator, smem.row_amax, math_wg, where, kBarrier, n_tile, I, topk_weights, p.act, p.act_scales, p.activation,
+      p.limit, p.alpha);
 }
 
 // FP8 GEMM-1 epilogue of a tile on W13 packed kGateUpInterleaved8 (Layout::kGateUpSplitNInterleaved8; v11 GEMM 1
@@ -507,7 +547,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
                   "the W4A8 layout's FP4 format is the launch's");
   // FP8 GEMM 1 on W13 packed kGateUpInterleaved8 (mega_gemm1_interleaved_epilogue); else kGateUp.
   constexpr bool kInterleavedW13 = mega_interleaved_w13<Layout>();
-  static_assert(!kInterleavedW13 || kFp8, "the interleaved split-N GEMM 1 is FP8-block only");
+  static_assert(!kInterleavedW13 || kFp8 || kW4a8, "the interleaved split-N GEMM 1: FP8-block and W4A8");
   // v8c in the fused kernel: GEMM-1's FP8 rows leave through the exchange buffer by 128-byte bulk copies.
   constexpr bool kBulkActRows = true;
   constexpr int kBulkGroupsPerTile = bulk_groups_per_tile<Layout::kSubTiles, Layout::kStagingRowsValue>();
@@ -711,6 +751,16 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
                                                                   topk_weights, p.act, p.act_scales, p.activation,
                                                                   p.limit, p.alpha);
           }
+        } else if constexpr (kW4a8 && kInterleavedW13) {
+          // W13 kGateUpInterleaved8 (the staged pipeline's packing with MEGAMOE_W4A8_G1_V10=1, docs/mega.md "One
+          // W13"): both warpgroups read the tile's gate block records (block 2 n_tile) and up block records (at
+          // + k1_blocks), each thread decodes its packed row with its own block's (w4a8_tile_mainloop kInterleaved).
+          const W4a8BlockScaleDevice* blocks =
+              p.w13_blocks + (static_cast<int64_t>(expert1) * (2 * I / 128) + 2 * t.n_tile) * k1_blocks;
+          w4a8_tile_mainloop<Layout, true, kMegaDecodeBarrier>(accumulator, partial, smem, where, p.grouped_scales,
+                                                               blocks, k1_blocks, math_wg, cursor, p.w4a8_decoder);
+          mega_w4a8_gemm1_interleaved_epilogue<Layout>(accumulator, smem, math_wg, where, t.m0, t.m_end, t.n_tile, I,
+                                                       topk_weights, p);
         } else if constexpr (kW4a8) {
           const int n_block = t.n_tile * 2 + math_wg;
           const W4a8BlockScaleDevice* blocks =
@@ -726,8 +776,10 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           swiglu_bf16_epilogue<Layout, true>(accumulator, smem.exchange, math_wg, where, t.n_tile, I, topk_weights,
                                              reinterpret_cast<__nv_bfloat16*>(p.act), p.activation, p.limit, p.alpha);
         }
-        if constexpr (kFp8) {  // each math warpgroup stored half of the tile's rows (v7 epilogue)
-          if constexpr (kBulkActRows) bulk_wait_all();  // the act rows' bulk copies are complete (NOTES)
+        if constexpr (kFp8 || (kW4a8 && kInterleavedW13)) {
+          // FP8: each math warpgroup stored half of the tile's rows (v7 epilogue); W4A8 on interleaved W13: each
+          // stored its 64 columns of every row.
+          if constexpr (kFp8 && kBulkActRows) bulk_wait_all();  // the act rows' bulk copies are complete (NOTES)
           fence_proxy_async_global();  // act is read by TMA
           __threadfence();
           named_barrier_sync(2, 256);
@@ -758,8 +810,9 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
           const int n_block = t.n_tile * 2 + math_wg;
           const W4a8BlockScaleDevice* blocks =
               p.w2_blocks + (static_cast<int64_t>(expert2) * (H / 128) + n_block) * k2_blocks;
-          w4a8_tile_mainloop<Layout, true, kMegaDecodeBarrier>(accumulator, partial, smem, where, p.act_scales, blocks,
-                                                               k2_blocks, math_wg, cursor, p.w4a8_decoder);
+          w4a8_tile_mainloop<Layout, true, kMegaDecodeBarrier, false>(accumulator, partial, smem, where, p.act_scales,
+                                                                      blocks, k2_blocks, math_wg, cursor,
+                                                                      p.w4a8_decoder);  // W2: kDown, never interleaved
         } else {
           bf16_tile_mainloop<Layout>(accumulator, smem, k2_blocks, 0, math_wg, cursor);
         }

@@ -15,7 +15,10 @@
 //   (overlaps the tensor cores) -> wait -> promote; further sub-tiles (128-row tiles) follow; the stage is
 //   released once its last wgmma has retired.
 // Epilogues as the FP8-block kernel: BF16 store (GEMM 2 / plain) or gate x up SwiGLU + top-k weight +
-// FP8 requant (GEMM 1; the gate warpgroup hands its accumulators over through shared memory).
+// FP8 requant (GEMM 1; the gate warpgroup hands its accumulators over through shared memory). kSwigluInterleavedFp8
+// (session 19): GEMM 1 on W13 packed kGateUpInterleaved8, each warpgroup holding gate and up of 64 outputs: the
+// per-row decode record and gate / up promotion of w4a8_tile_mainloop, then the spread epilogue's kInterleaved form
+// (tiles of <= kW4a8SpreadRows rows) or w4a8_interleaved_swiglu_epilogue (in-thread SwiGLU, one amax exchange).
 //
 // The pieces (shared-memory carve-up W4a8GemmShared, producer loop of one tile produce_w4a8_tile, math
 // mainloop of one tile w4a8_tile_mainloop, the two epilogues) are device functions so that the fused
@@ -49,6 +52,10 @@ namespace megamoe::kernels::sm90 {
 enum class W4a8Epilogue : int {
   kStoreBf16,       // out[r, n] = bf16(acc)
   kSwigluQuantFp8,  // gate (math warpgroup 0) x up (math warpgroup 1) -> FP8 + per-128 scale
+  // GEMM 1 on W13 packed GemmRole::kGateUpInterleaved8 (session 19): math warpgroup w holds gate AND up of the
+  // outputs 64 w .. 64 w + 63 of the tile (interleaved by 8); in-thread SwiGLU + a per-row amax exchange ->
+  // FP8 + per-128 scale, bit-identical to kSwigluQuantFp8 on the same logical weights (see w4a8_tile_mainloop).
+  kSwigluInterleavedFp8,
 };
 
 struct W4a8BlockScaleDevice {
@@ -90,6 +97,9 @@ constexpr uint32_t kW4a8DecodeBarrier = 2;
 constexpr uint32_t kW4a8PairBarrier = 8;
 // Named barrier of the spread SwiGLU epilogue (256 threads) in the standalone 2-warpgroup kernel.
 constexpr uint32_t kW4a8SpreadBarrier = 1;
+// Named barrier of kSwigluInterleavedFp8's per-row amax exchange (256 threads) in the standalone kernel: the
+// spread epilogue's id (a tile takes one epilogue or the other, CTA-uniformly: one barrier sequence).
+constexpr uint32_t kW4a8InterleavedAmaxBarrier = kW4a8SpreadBarrier;
 
 // kStagingRows (the fused kernel): rows of BF16 staging per math warpgroup for store_bf16_epilogue_bulk
 // (sm90_fp8_grouped_gemm.cuh), 0 = none (the standalone kernel stores BF16 directly). The staging rows
@@ -111,6 +121,9 @@ struct W4a8GemmLayout {
   static constexpr bool kScalesInShared = false;
   static constexpr bool kW4a8SharedScales = kSharedScales;
   static constexpr Fp4Format kFp4Format = kFormat;
+  // W13 packed kGateUpInterleaved8 (kSwigluInterleavedFp8): per-thread decode record, gate / up promotion factor by
+  // 8-column group, in-thread SwiGLU (w4a8_tile_mainloop, w4a8_interleaved_swiglu_epilogue).
+  static constexpr bool kGateUpInterleaved8 = kEpilogue == W4a8Epilogue::kSwigluInterleavedFp8;
   static constexpr int kBlockM = 64 * kSubTilesM;
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kFp4Bytes = kW4a8BlockN * kW4a8Fp4RowBytes;
@@ -134,7 +147,16 @@ struct W4a8GemmLayout {
   static constexpr int kScaleRecords = kW4a8BlockN / 128;  // one {factor, p} per 128-row block of the tile
   static constexpr int kScaleSlotWords = kBlockM + 2 * kScaleRecords;
   static constexpr int kEmptyArrivals = kMathWarpgroups * 4;  // lane 0 of every math warp
-  static constexpr int kScaleRingOffset = kExchangeOffset + kExchangeRegionBytes;
+  // kGateUpInterleaved8: the per-row amax exchange of w4a8_interleaved_swiglu_epilogue, [kSubTilesM][2 warpgroups][64]
+  // floats per tile. Standalone (kStagingRows == 0): its own region after the (empty) exchange region, two copies
+  // (tile parity). Fused (kStagingRows > 0): one copy at the start of the exchange region, which the GEMM-2 staging
+  // aliases: the fused kernel's 256-thread gemm1_done barrier after every GEMM-1 tile comes after every amax read of
+  // the tile and before the next tile's amax writes or any staging write (sm90_mega_moe.cuh). kGateUp: none.
+  static constexpr int kAmaxOffset = kStagingRows > 0 ? kExchangeOffset : kExchangeOffset + kExchangeRegionBytes;
+  static constexpr int kAmaxBytes = kGateUpInterleaved8 && kStagingRows == 0 ? 2 * kSubTilesM * kMathWarpgroups * 64 * 4 : 0;
+  static_assert(!kGateUpInterleaved8 || kStagingRows == 0 || kExchangeRegionBytes >= kSubTilesM * kMathWarpgroups * 64 * 4,
+                "the fused kernel's amax exchange in the exchange region");
+  static constexpr int kScaleRingOffset = kExchangeOffset + kExchangeRegionBytes + kAmaxBytes;
   static constexpr int kScaleRingBytes = kSharedScales ? (kStages * kScaleSlotWords * 4 + 15) / 16 * 16 : 0;
   static constexpr int kBarrierOffset = kScaleRingOffset + kScaleRingBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStages * 8;
@@ -158,6 +180,7 @@ struct W4a8GemmShared {
   uint8_t* scale_tiles;   // [kStages][kScaleBytes]
   float* exchange;        // SwiGLU gate values
   uint8_t* bf16_staging;  // kStagingRows > 0: aliases exchange
+  float* row_amax;        // the per-row amax exchange at Layout::kAmaxOffset (layouts that have one; else null)
   uint32_t* scale_ring;   // Layout::kW4a8SharedScales: [kStages][kScaleSlotWords]
   uint64_t* full;
   uint64_t* empty;
@@ -171,6 +194,8 @@ struct W4a8GemmShared {
     scale_tiles = shared + Layout::kScaleOffset;
     exchange = reinterpret_cast<float*>(shared + Layout::kExchangeOffset);
     bf16_staging = shared + Layout::kExchangeOffset;
+    row_amax = nullptr;
+    if constexpr (requires { Layout::kAmaxOffset; }) row_amax = reinterpret_cast<float*>(shared + Layout::kAmaxOffset);
     scale_ring = reinterpret_cast<uint32_t*>(shared + Layout::kScaleRingOffset);
     full = reinterpret_cast<uint64_t*>(shared + Layout::kBarrierOffset);
     empty = full + Layout::kStageCount;
@@ -279,12 +304,42 @@ __device__ __forceinline__ void w4a8_promote_m64n128(float (&accumulator)[64], c
   }
 }
 
+// w4a8_promote_m64n128 on W13 packed kGateUpInterleaved8 (kRegs = 64: m64n128, the 2-warpgroup kernel; 32: m64n64,
+// the small-M kernel): 8-column group j (registers 4 j .. 4 j + 3) is gate for even j (scales fl(a_scale * gate
+// factor): gate0 rows r, gate1 rows r + 8), up for odd j (up0, up1).
+template <int kRegs>
+__device__ __forceinline__ void w4a8_promote_gate_up_groups(float (&accumulator)[kRegs], const float (&partial)[kRegs],
+                                                            float gate0, float gate1, float up0, float up1) {
+#pragma unroll
+  for (int j = 0; j < kRegs / 4; ++j) {
+    const float scale0 = j % 2 ? up0 : gate0, scale1 = j % 2 ? up1 : gate1;
+    accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
+    accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
+    accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
+    accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
+  }
+}
+
 // Math warpgroup `math_wg` (columns 128 math_wg .. of the tile), one tile: decode + wgmma + promotion
 // over k_blocks (see the header comment for the per-k-block order). a_scales_base: [rows, k_blocks] A
 // scales (read coherently with kCoherentScales: the fused kernel writes them in the same launch);
 // blocks: this warpgroup's k_blocks {factor, decode exponent} records. kDecodeBarrier + math_wg: the
 // warpgroup-local named barrier (128 threads) ordering decode and wgmma.
-template <class Layout, bool kCoherentScales, uint32_t kDecodeBarrier>
+// kInterleaved (default Layout::kGateUpInterleaved8; the fused kernel's GEMM-2 tiles pass false), W13 packed
+// GemmRole::kGateUpInterleaved8 (docs/grouped_gemm.md "W4A8 2-warpgroup GEMM 1 on interleaved W13 (session 19)"):
+// packed tile column 128 h + 16 p + c (c < 8) is gate row 64 h + 8 p + c of the tile's gate block (canonical block
+// 2 n_tile), + 8 the up row (block 2 n_tile + 1) (sm90_w4a8_v10_gemm1.cuh NOTES), so math warpgroup w's 128 packed columns (h = w) hold gate (even 8-column groups j) AND up (odd j) of the outputs
+// 64 w .. 64 w + 63. Thread t decodes its packed row t with that row's own block record (gate for (t / 8) % 2 == 0,
+// up otherwise); the promotion scales are fl(a_scale * gate factor) on even j, fl(a_scale * up factor) on odd j.
+// Both records come from the scale slot (shared scales: [kBlockM + 0, 1] gate, [kBlockM + 2, 3] up, as kGateUp's
+// two warpgroups' records) or from global memory (blocks = the gate block's k_blocks records, the up block's at
+// blocks + k_blocks).
+// NOTES (kGateUpInterleaved8, bit-identical to kGateUp on the same logical weights): the decoded bytes of a row are
+// the same (the packing moves rows and their group scales, each decodes with its own block's p); an element's 128-K
+// partial is the same 4 wgmma k32 steps over the same A row and decoded B row (independent of the element's column
+// in the n128 group); the promotion is the same FFMA with fl(a_scale * factor) of the element's block, in k-block
+// order from 0. The kGateUp statements are those before the mode existed (their SASS is unchanged).
+template <class Layout, bool kCoherentScales, uint32_t kDecodeBarrier, bool kInterleaved = Layout::kGateUpInterleaved8>
 __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::kSubTiles][64], float (&partial)[64],
                                                    const W4a8GemmShared<Layout>& smem,
                                                    const MathRows<Layout::kSubTiles>& where, const float* a_scales_base,
@@ -301,7 +356,9 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
   uint8_t* my_decoded = smem.decoded + math_wg * 2 * Layout::kDecodedBytes;
   // kSharedScales: word w of stage s's scale slot (see W4a8GemmLayout).
   auto slot_word = [&](int stage, int word) { return smem.scale_ring[stage * Layout::kScaleSlotWords + word]; };
-  const int record_word = Layout::kBlockM + 2 * math_wg;  // {factor, decode exponent} of this warpgroup
+  // {factor, decode exponent} of this warpgroup (kGateUp) / of this thread's decoded row (kInterleaved).
+  const int record_word = Layout::kBlockM + 2 * (kInterleaved ? (thread_in_wg / 8) % 2 : math_wg);
+  const bool decodes_up_row = kInterleaved && (thread_in_wg / 8) % 2 == 1;
   // v3: a warp whose rows all lie past the expert's end skips the promotion of that sub-tile (its wgmma
   // still runs: wgmma is warpgroup-wide). Warp-uniform. At 8-32 rows per expert (64-row tiles) three of
   // the four warps hold no row.
@@ -336,9 +393,13 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
   // A scales), off the decode's path. Shared scales: read from the stage's slot once `full` completed.
   W4a8BlockScaleDevice next_block{0.0f, 0};
   if constexpr (!kSharedScales) next_block = load_block(blocks);
+  // kInterleaved, global scales: the up block's record (next_block: the gate block's).
+  W4a8BlockScaleDevice next_up_block{0.0f, 0};
+  if constexpr (!kSharedScales && kInterleaved) next_up_block = load_block(blocks + k_blocks);
   barrier_wait(&smem.full[cursor.stage], cursor.phase);
   decode(cursor.stage, 0,
-         kSharedScales ? static_cast<int>(slot_word(cursor.stage, record_word + 1)) : next_block.decode_exponent);
+         kSharedScales ? static_cast<int>(slot_word(cursor.stage, record_word + 1))
+                       : (decodes_up_row ? next_up_block.decode_exponent : next_block.decode_exponent));
 
   float next_scale_a[kSubTilesM][2];
   if constexpr (!kSharedScales) {
@@ -350,19 +411,22 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
   }
   for (int kb = 0; kb < k_blocks; ++kb) {
     float scale_a[kSubTilesM][2];
-    float factor;
+    float factor;          // kInterleaved: the gate block's
+    float up_factor = 0.f;  // kInterleaved: the up block's
     if constexpr (kSharedScales) {  // stage kb's `full` was waited for before its decode
 #pragma unroll
       for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
         for (int h = 0; h < 2; ++h) scale_a[s][h] = __uint_as_float(slot_word(cursor.stage, row_in_tile + 64 * s + 8 * h));
-      factor = __uint_as_float(slot_word(cursor.stage, record_word));
+      factor = __uint_as_float(slot_word(cursor.stage, kInterleaved ? Layout::kBlockM : record_word));
+      if constexpr (kInterleaved) up_factor = __uint_as_float(slot_word(cursor.stage, Layout::kBlockM + 2));
     } else {
 #pragma unroll
       for (int s = 0; s < kSubTilesM; ++s)
 #pragma unroll
         for (int h = 0; h < 2; ++h) scale_a[s][h] = next_scale_a[s][h];
       factor = next_block.factor;
+      if constexpr (kInterleaved) up_factor = next_up_block.factor;
       if (kb + 1 < k_blocks) {
 #pragma unroll
         for (int s = 0; s < kSubTilesM; ++s)
@@ -370,6 +434,7 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
           for (int h = 0; h < 2; ++h)
             next_scale_a[s][h] = where.valid[s][h] ? load_scale<kCoherentScales>(a_scales[s][h] + kb + 1) : 0.0f;
         next_block = load_block(blocks + kb + 1);
+        if constexpr (kInterleaved) next_up_block = load_block(blocks + k_blocks + kb + 1);
       }
     }
     named_barrier_sync(kDecodeBarrier + math_wg, 128);  // every row of decoded kb is written and fenced
@@ -382,7 +447,8 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
         const int next_stage = cursor.stage + 1 == kStages ? 0 : cursor.stage + 1;
         barrier_wait(&smem.full[next_stage], next_stage == 0 ? cursor.phase ^ 1 : cursor.phase);
         decode(next_stage, kb + 1,
-               kSharedScales ? static_cast<int>(slot_word(next_stage, record_word + 1)) : next_block.decode_exponent);
+               kSharedScales ? static_cast<int>(slot_word(next_stage, record_word + 1))
+                             : (decodes_up_row ? next_up_block.decode_exponent : next_block.decode_exponent));
       }
       wgmma_wait<0>();
 #pragma unroll
@@ -391,8 +457,13 @@ __device__ __forceinline__ void w4a8_tile_mainloop(float (&accumulator)[Layout::
         if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
         cursor.advance();
       }
-      if (warp_has_rows[s])
-        w4a8_promote_m64n128(accumulator[s], partial, scale_a[s][0] * factor, scale_a[s][1] * factor);
+      if (warp_has_rows[s]) {
+        if constexpr (kInterleaved)
+          w4a8_promote_gate_up_groups<64>(accumulator[s], partial, scale_a[s][0] * factor, scale_a[s][1] * factor,
+                                          scale_a[s][0] * up_factor, scale_a[s][1] * up_factor);
+        else
+          w4a8_promote_m64n128(accumulator[s], partial, scale_a[s][0] * factor, scale_a[s][1] * factor);
+      }
     }
   }
 }
@@ -494,6 +565,82 @@ __device__ __forceinline__ void w4a8_swiglu_quant_fp8_epilogue(float (&accumulat
       }
     }
   }
+}
+
+// GEMM-1 epilogue on W13 packed kGateUpInterleaved8 (the 2-warpgroup kernel's kSwigluInterleavedFp8, the fused
+// kernel's W4A8 GEMM 1 on that packing, the small-M kernel's kInterleaved8 mode): math warpgroup math_wg (of
+// kWarpgroups) holds, per sub-tile s and fragment row r, in register 4 j + 2 r + c (j = 2 q + u) the gate (u = 0) and
+// up (u = 1) value of output column kRegs * math_wg + 8 q + 2 (lane % 4) + c of FP8 block n_tile (kRegs = 64: wgmma
+// n128, 64 outputs per warpgroup; 32: n64, 32 outputs). Per row: value = activate(gate, up) in place, the row's amax
+// over this warpgroup's outputs (the thread's, then the quad's shuffles) into row_amax[s][math_wg][row], ONE named
+// barrier `barrier_id` over the kWarpgroups x 128 math threads, then the max over every warpgroup's partial, the top-k
+// weight (read coherently with kCoherentScales), the scale and the codes of this warpgroup's outputs; warpgroup 0
+// stores the row's scale (out: e4m3 [rows, out_cols], out_scales [rows, out_cols / 128]).
+// NOTES:
+// - Every math thread calls it for every tile (the barrier). A warp's 8-row half without a row of the expert skips its
+//   activations and writes amax 0, read only for rows never stored.
+// - row_amax: [kSubTilesM][kWarpgroups][64] floats nothing else touches between this call's writes and reads. A
+//   caller that reuses it on its next tile double-buffers it by tile parity: a warpgroup writes the buffer of tile
+//   t + 2 only after the barrier of tile t + 1, which no warpgroup reaches before its reads of tile t (program order).
+// - Bit-identical to w4a8_swiglu_quant_fp8_epilogue (and swiglu_quant_fp8_finish_rows): per output the same
+//   activate(gate, up), the amax over the row's 128 outputs an exact max (fmaxf, order-free), scale =
+//   __fdiv_rn(fmaxf(__fmul_rn(amax, |w|), 1e-10), 448), code = e4m3(__fdiv_rn(__fmul_rn(v, w), scale)) satfinite on
+//   the same column pairs.
+template <int kSubTilesM, int kRegs, int kWarpgroups, bool kCoherentScales>
+__device__ __forceinline__ void w4a8_interleaved_swiglu_epilogue(float (&accumulator)[kSubTilesM][kRegs],
+                                                                 float* row_amax, int math_wg,
+                                                                 const MathRows<kSubTilesM>& where, uint32_t barrier_id,
+                                                                 int n_tile, int out_cols, const float* topk_weights,
+                                                                 uint8_t* out, float* out_scales, int activation,
+                                                                 float limit, float alpha) {
+  static_assert(kRegs == 32 || kRegs == 64, "wgmma n64 or n128 fragments");
+  const int lane = threadIdx.x % 32;
+  const int row0 = (threadIdx.x % 128) / 32 * 16 + lane / 4;  // sub-tile row of fragment row 0 (row 1: + 8)
+  float amax[kSubTilesM][2];
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      amax[s][r] = 0.0f;
+      if (__any_sync(0xffffffffu, where.valid[s][r])) {  // warp-uniform
+#pragma unroll
+        for (int q = 0; q < kRegs / 8; ++q)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float value = activate(accumulator[s][8 * q + 2 * r + c], accumulator[s][8 * q + 4 + 2 * r + c],
+                                         activation, limit, alpha);
+            accumulator[s][8 * q + 2 * r + c] = value;
+            amax[s][r] = fmaxf(amax[s][r], fabsf(value));
+          }
+        amax[s][r] = fmaxf(amax[s][r], __shfl_xor_sync(0xffffffffu, amax[s][r], 1));
+        amax[s][r] = fmaxf(amax[s][r], __shfl_xor_sync(0xffffffffu, amax[s][r], 2));
+      }
+      if (lane % 4 == 0) row_amax[(s * kWarpgroups + math_wg) * 64 + row0 + 8 * r] = amax[s][r];
+    }
+  named_barrier_sync(barrier_id, 128 * kWarpgroups);
+  const int col_base = n_tile * 128 + kRegs * math_wg + 2 * (lane % 4);
+#pragma unroll
+  for (int s = 0; s < kSubTilesM; ++s)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (!where.valid[s][r]) continue;
+#pragma unroll
+      for (int g = 0; g < kWarpgroups; ++g)  // this warpgroup's own slot too: fmaxf(x, x) = x
+        amax[s][r] = fmaxf(amax[s][r], row_amax[(s * kWarpgroups + g) * 64 + row0 + 8 * r]);
+      const int row = where.rows[s][r];
+      // amax |fl(v * w)| = fl(amax |v| * |w|) (rounding is monotonic), so the weight multiplies here.
+      const float weight = topk_weights ? load_scale<kCoherentScales>(topk_weights + row) : 1.0f;
+      const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[s][r], fabsf(weight)), 1e-10f), 448.0f);
+      uint8_t* out_row = out + static_cast<int64_t>(row) * out_cols + col_base;
+#pragma unroll
+      for (int q = 0; q < kRegs / 8; ++q) {
+        const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[s][8 * q + 2 * r], weight), scale),
+                                        __fdiv_rn(__fmul_rn(accumulator[s][8 * q + 2 * r + 1], weight), scale));
+        *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * q) =
+            __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+      }
+      if (math_wg == 0 && lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
+    }
 }
 
 // Producer warpgroup of the standalone W4A8 kernels (this one, the small-M kernel and the 128 x 128 v10 kernel,
@@ -640,6 +787,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   int expert = 0;
   float accumulator[kSubTilesM][64];
   float partial[64];
+  uint32_t tile_parity = 0;  // kSwigluInterleavedFp8: the CTA's tile parity (the amax buffer)
   for (int tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     const TileCoordinates t = locate_tile(table, tile, n_tiles, kBlockM, expert);
     const MathRows<kSubTilesM> where(t.m0, t.m_end, row_in_tile);
@@ -650,6 +798,25 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     if constexpr (kEpilogue == W4a8Epilogue::kStoreBf16) {
       w4a8_store_bf16_epilogue<kSubTilesM>(accumulator, where, static_cast<__nv_bfloat16*>(params.out), params.n,
                                            t.n_tile * kW4a8BlockN + math_wg * 128);
+    } else if constexpr (kEpilogue == W4a8Epilogue::kSwigluInterleavedFp8) {
+      // Both math warpgroups run every tile, so the amax buffer's tile parity is the same on both sides; the spread
+      // epilogue's tiles flip it too (its barriers order the buffer's uses as the amax barrier does).
+      const uint32_t parity = tile_parity;
+      tile_parity ^= 1u;
+      if constexpr (kSubTilesM == 1) {
+        // CTA-uniform branch, as kSwigluQuantFp8's. kInterleaved: the staging image is the split-N tile's.
+        if (params.swiglu_spread && t.m_end - t.m0 <= kW4a8SpreadRows) {
+          swiglu_quant_fp8_spread_epilogue<kW4a8SpreadRows, false, false, true>(
+              accumulator[0], reinterpret_cast<float*>(smem.decoded), math_wg, t.m0, t.m_end - t.m0, t.n_tile,
+              params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out), params.out_scales,
+              params.activation, params.limit, params.alpha, kW4a8SpreadBarrier);
+          continue;
+        }
+      }
+      w4a8_interleaved_swiglu_epilogue<kSubTilesM, 64, kMathWarpgroups, false>(
+          accumulator, smem.row_amax + parity * (kSubTilesM * kMathWarpgroups * 64), math_wg, where,
+          kW4a8InterleavedAmaxBarrier, t.n_tile, params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
+          params.out_scales, params.activation, params.limit, params.alpha);
     } else {
       if constexpr (kSubTilesM == 1) {
         static_assert(2 * kW4a8SpreadRows * 128 * 4 <= 2 * kMathWarpgroups * Layout::kDecodedBytes,

@@ -41,7 +41,8 @@
 //   ((t / 2) / 8) % 2 == 0, i.e. (t / 16) % 2 == 0, up otherwise (v10 GEMM 1's (packed row / 8) % 2).
 // - Promotion: acc += partial * fl(a_scale * factor) with the gate factor on even 8-column groups, the up factor
 //   on odd ones (the element's block, as w4a8_promote_m64n128 / v10 GEMM 1).
-// - Epilogue in-thread: value = activate(acc[8 q + 2 r + c], acc[8 q + 4 + 2 r + c]) (gate, up), no warp-pair
+// - Epilogue in-thread (w4a8_interleaved_swiglu_epilogue, shared with the 2-warpgroup kernel's kSwigluInterleavedFp8
+//   since session 19): value = activate(acc[8 q + 2 r + c], acc[8 q + 4 + 2 r + c]) (gate, up), no warp-pair
 //   handoff and no pair barriers. The row amax over the 128 outputs: each warpgroup's partial over its 32
 //   (thread's 8, then the quad's shuffles) goes to shared [parity][4][64], ONE named barrier kW4a8SmallAmaxBarrier
 //   (id 1) over the 512 math threads, then every thread takes the max over the 4 partials (exact and
@@ -200,16 +201,8 @@ __device__ __forceinline__ void w4a8_small_m_mainloop(float (&accumulator)[32], 
     for (int i = 0; i < 32; ++i) fence_operand(partial[i]);
     if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
     cursor.advance();
-    if (warp_has_rows) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float scale0 = j % 2 ? scale0_odd : scale0_even, scale1 = j % 2 ? scale1_odd : scale1_even;
-        accumulator[4 * j + 0] += partial[4 * j + 0] * scale0;
-        accumulator[4 * j + 1] += partial[4 * j + 1] * scale0;
-        accumulator[4 * j + 2] += partial[4 * j + 2] * scale1;
-        accumulator[4 * j + 3] += partial[4 * j + 3] * scale1;
-      }
-    }
+    if (warp_has_rows)
+      w4a8_promote_gate_up_groups<32>(accumulator, partial, scale0_even, scale1_even, scale0_odd, scale1_odd);
   }
 }
 
@@ -291,79 +284,6 @@ __device__ __forceinline__ void w4a8_small_m_swiglu_epilogue(float (&accumulator
   }
 }
 
-// GEMM 1 epilogue of the kInterleaved8 small-M kernel (header comment): math warpgroup math_wg activates its 32
-// outputs per row in-thread (gate = even 8-column groups, up = odd), the row amax over the output's 128 columns
-// combines the 4 warpgroups' partials through shared memory (double-buffered by `parity`, the CTA's tile parity; one
-// 512-thread barrier), then the warpgroup applies the top-k weight, quantizes and stores its 32 columns per row
-// (warpgroup 0 the row's scale). Every math thread calls it for every tile (the barrier).
-template <class Layout>
-__device__ __forceinline__ void w4a8_small_m_interleaved_epilogue(float (&accumulator)[32],
-                                                                  const W4a8GemmShared<Layout>& smem, int math_wg,
-                                                                  const MathRows<1>& where, bool warp_has_rows,
-                                                                  uint32_t parity, int n_tile, int out_cols,
-                                                                  const float* topk_weights, uint8_t* out,
-                                                                  float* out_scales, int activation, float limit,
-                                                                  float alpha) {
-  static_assert(Layout::kGateUpInterleaved8, "the in-thread SwiGLU reads W13 interleaved by 8");
-  const int lane = threadIdx.x % 32;
-  const int thread_in_wg = threadIdx.x % 128;
-  const int warp = thread_in_wg / 32;
-  // [parity][warpgroup][tile row]
-  float* row_amax = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(smem.exchange) +
-                                             (Layout::kAmaxOffset - Layout::kExchangeOffset)) +
-                    parity * (kW4a8SmallMathWarpgroups * Layout::kBlockM);
-  float amax[2] = {0.0f, 0.0f};
-  if (warp_has_rows) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // Warp-uniform: an 8-row half without a row of the expert (an expert of <= 8 rows: every warp's second half)
-      // skips its activations; its amax stays 0, read only for rows never stored.
-      if (!__any_sync(0xffffffffu, where.valid[0][r])) continue;
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const float value =
-              activate(accumulator[8 * q + 2 * r + c], accumulator[8 * q + 4 + 2 * r + c], activation, limit, alpha);
-          accumulator[8 * q + 2 * r + c] = value;
-          amax[r] = fmaxf(amax[r], fabsf(value));
-        }
-      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 1));
-      amax[r] = fmaxf(amax[r], __shfl_xor_sync(0xffffffffu, amax[r], 2));
-    }
-  }
-  const int row0 = warp * 16 + lane / 4;  // tile row of fragment row 0 (row 1: + 8)
-  if (lane % 4 == 0) {
-    row_amax[math_wg * Layout::kBlockM + row0] = amax[0];
-    row_amax[math_wg * Layout::kBlockM + row0 + 8] = amax[1];
-  }
-  named_barrier_sync(kW4a8SmallAmaxBarrier, kW4a8SmallAmaxThreadsInterleaved);
-  if (!warp_has_rows) return;
-#pragma unroll
-  for (int g = 0; g < kW4a8SmallMathWarpgroups; ++g) {  // this warpgroup's own slot too: fmaxf(x, x) = x
-    amax[0] = fmaxf(amax[0], row_amax[g * Layout::kBlockM + row0]);
-    amax[1] = fmaxf(amax[1], row_amax[g * Layout::kBlockM + row0 + 8]);
-  }
-  const int col_base = n_tile * 128 + 32 * math_wg + 2 * (lane % 4);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (!where.valid[0][r]) continue;
-    const int row = where.rows[0][r];
-    // amax |fl(v * w)| = fl(amax |v| * |w|) (rounding is monotonic), so the weight multiplies here.
-    const float weight = topk_weights ? topk_weights[row] : 1.0f;
-    const float scale = __fdiv_rn(fmaxf(__fmul_rn(amax[r], fabsf(weight)), 1e-10f), 448.0f);
-    uint8_t* out_row = out + static_cast<int64_t>(row) * out_cols + col_base;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float2 pair_values = make_float2(__fdiv_rn(__fmul_rn(accumulator[8 * q + 2 * r], weight), scale),
-                                             __fdiv_rn(__fmul_rn(accumulator[8 * q + 2 * r + 1], weight), scale));
-      *reinterpret_cast<__nv_fp8x2_storage_t*>(out_row + 8 * q) =
-          __nv_cvt_float2_to_fp8x2(pair_values, __NV_SATFINITE, __NV_E4M3);
-    }
-    if (math_wg == 0 && lane % 4 == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
-  }
-}
-
 template <int kStages, Fp4Format kFormat, W4a8Epilogue kEpilogue, bool kInterleaved8 = false>
 __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
     sm90_w4a8_small_m_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
@@ -415,9 +335,12 @@ __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
                                         t.n_tile * kW4a8BlockN + math_wg * kW4a8SmallColumns);
       }
     } else if constexpr (kInterleaved8) {
-      w4a8_small_m_interleaved_epilogue<Layout>(accumulator, smem, math_wg, where, warp_has_rows, parity, t.n_tile,
-                                                params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
-                                                params.out_scales, params.activation, params.limit, params.alpha);
+      // The in-thread SwiGLU of the header comment (w4a8_interleaved_swiglu_epilogue, n64 fragments, four
+      // warpgroups); the amax slots [parity][warpgroup][row] at Layout::kAmaxOffset.
+      float (&as_sub_tiles)[1][32] = *reinterpret_cast<float (*)[1][32]>(&accumulator);
+      w4a8_interleaved_swiglu_epilogue<1, 32, kW4a8SmallMathWarpgroups, false>(
+          as_sub_tiles, smem.row_amax + parity * (kW4a8SmallMathWarpgroups * kBlockM), math_wg, where, kW4a8SmallAmaxBarrier, t.n_tile, params.n / 2, params.topk_weights,
+          static_cast<uint8_t*>(params.out), params.out_scales, params.activation, params.limit, params.alpha);
       parity ^= 1u;
     } else {
       w4a8_small_m_swiglu_epilogue<Layout>(accumulator, smem, math_wg, where, warp_has_rows, t.n_tile, params.n / 2,

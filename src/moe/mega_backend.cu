@@ -53,8 +53,9 @@ static_assert(mega_fits_shared<MegaTiles<1, true>>() && mega_fits_shared<MegaTil
 // 1,024 + 196,608 + 18,432 + 2,080 + 1,024 + 64 + 8,208 = 227,440 B at E = 512 (limit 232,448 incl. static).
 static_assert(mega_fits_shared<MegaTiles<1, true, true>>() && mega_fits_shared<MegaTiles<2, true, true>>());
 
-// MEGAMOE_MEGA_OWN_GATE_UP=1 (read per backend; A/B and fallback): the FP8 fused kernel keeps its own W13 packed
-// kGateUp (the split-N kernel before session 14) and the split path a second W13 in staged's packing, as before.
+// MEGAMOE_MEGA_OWN_GATE_UP=1 (read per backend; A/B and fallback): the FP8 and W4A8 fused kernels keep their own W13
+// packed kGateUp (FP8: the split-N kernel before session 14; W4A8: before session 19) and the split path a second
+// W13 in staged's packing where that differs, as before.
 // Default (unset / 0): ONE W13 in staged_gate_up_packing for both paths (docs/mega.md "One W13").
 bool mega_own_gate_up_requested() { return kernels::detail::env_switch("MEGAMOE_MEGA_OWN_GATE_UP", false); }
 
@@ -175,13 +176,13 @@ class MegaBackend final : public MoeBackend {
     format_ = mega_format(config.weight_format);
     const bool w4a8 = kernels::mega_is_w4a8(format_);
     const int64_t P = kernels::mega_element_bytes(format_);
-    // The grouped GEMMs' layouts (ExpertSlabs): W13 FP8-block in staged's packing (staged_gate_up_packing:
-    // kGateUpInterleaved8, which the fused kernel's interleaved GEMM-1 tiles read too; kGateUp when
-    // MEGAMOE_FP8_GEMM1_V9=0 or MEGAMOE_MEGA_OWN_GATE_UP=1), BF16 kGateUp (the fused BF16 tiles), W2 kDown, W4A8
-    // kGateUp (the fused W4A8 GEMM 1 reads only that); the split path's own W13 below where its packing differs.
+    // The grouped GEMMs' layouts (ExpertSlabs): W13 FP8-block and W4A8 in staged's packing (staged_gate_up_packing:
+    // FP8 kGateUpInterleaved8 unless MEGAMOE_FP8_GEMM1_V9=0, W4A8 kGateUpInterleaved8 with MEGAMOE_W4A8_G1_V10=1, else
+    // kGateUp; the fused kernel's GEMM-1 tiles read either), kGateUp with MEGAMOE_MEGA_OWN_GATE_UP=1; BF16 kGateUp
+    // (the fused BF16 tiles); W2 kDown; the split path's own W13 below where its packing differs.
     const kernels::GemmRole fused_packing =
-        format_ == MegaFormat::kFp8Block && !mega_own_gate_up_requested() ? staged_gate_up_packing(config, false)
-                                                                          : kernels::GemmRole::kGateUp;
+        (format_ == MegaFormat::kFp8Block || w4a8) && !mega_own_gate_up_requested() ? staged_gate_up_packing(config, false)
+                                                                                    : kernels::GemmRole::kGateUp;
     slabs_ = ExpertSlabs::allocate(config, local_experts_, fused_packing, [this](size_t bytes) { return alloc(bytes); });
 
     // The split path's scratch (the staged pipeline's dispatcher, window and buffers) only where a
@@ -195,10 +196,10 @@ class MegaBackend final : public MoeBackend {
     // The split path runs the staged GEMMs on staged's W13 packing (staged_gate_up_packing). FP8-block: the fused
     // kernel reads that packing too (one W13). BF16 (staged's v2 packing is kGateUpInterleaved8, the fused BF16
     // tiles read kGateUp) and FP8 with MEGAMOE_MEGA_OWN_GATE_UP=1: a second W13 in the split path's packing
-    // (with_own_gate_up), W13 memory twice, only where the split path can run. W4A8: one W13 (kGateUp) by default;
-    // with MEGAMOE_W4A8_G1_V10=1 staged's packing is kGateUpInterleaved8 (W4A8 v10 GEMM 1) and the split path gets
-    // its own W13 in it (data, group scales and block records: W13 memory twice, docs/mega.md "One W13").
-    // NOTES: the fused W4A8 kernel keeps kGateUp: its GEMM 1 (mega_w4a8.cu) has no interleaved-W13 variant.
+    // (with_own_gate_up), W13 memory twice, only where the split path can run. W4A8: one W13 in staged's packing
+    // (kGateUp by default; kGateUpInterleaved8 with MEGAMOE_W4A8_G1_V10=1, which the fused W4A8 GEMM 1 reads too
+    // since session 19: docs/mega.md "One W13"); with MEGAMOE_MEGA_OWN_GATE_UP=1 and the switch on, kGateUp for the
+    // fused kernel and the split path's own interleaved copy, as before.
     split_slabs_ = slabs_;
     if (split_scratch_) {
       const kernels::GemmRole split_packing = staged_gate_up_packing(config, false);
@@ -362,7 +363,8 @@ class MegaBackend final : public MoeBackend {
     using kernels::launch_mega_moe;
     constexpr MegaFormat kBf16 = MegaFormat::kBf16, kFp8 = MegaFormat::kFp8Block;
     if (kernels::mega_is_w4a8(format_)) {
-      launch_mega_w4a8(format_, small, maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      launch_mega_w4a8(format_, small, slabs_.gate_up_packing == kernels::GemmRole::kGateUpInterleaved8, maps.x,
+                       w13_map_, maps.act, w2_map_, p, ctas_, s);
     } else if (format_ == kBf16) {
       if (small) launch_mega_moe<MegaTiles<1, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
       else launch_mega_moe<MegaTiles<2, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);

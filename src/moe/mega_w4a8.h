@@ -21,8 +21,8 @@ constexpr bool mega_fits_shared() {
 // One W4A8 forward: format kNvfp4 or kMxfp4, small_tiles = 64-row tiles (else 128). x_map / act_map as
 // for FP8-block (e4m3 rows, 128-byte swizzle); w13_map / w2_map: the packed FP4 bytes (64-byte boxes of
 // 256 rows, 64-byte swizzle, as the standalone W4A8 GEMM's b_map); p carries the group scales and block
-// records.
-void launch_mega_w4a8(kernels::MegaFormat format, bool small_tiles, const CUtensorMap& x_map,
+// records. interleaved_w13: W13 packed kGateUpInterleaved8 (else kGateUp; docs/mega.md "One W13").
+void launch_mega_w4a8(kernels::MegaFormat format, bool small_tiles, bool interleaved_w13, const CUtensorMap& x_map,
                       const CUtensorMap& w13_map, const CUtensorMap& act_map, const CUtensorMap& w2_map,
                       const kernels::MegaMoeParams& p, int ctas, cudaStream_t stream);
 

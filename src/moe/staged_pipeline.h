@@ -26,10 +26,10 @@ namespace megamoe {
 //               the BF16 v2 GEMM-1 kernel), w2 [E, H, I] bf16 (kDown), no scales
 //   W4A8      : pack_w4a8_expert_weights, W13 with `gate_up_packing` (kGateUp, or kGateUpInterleaved8 for W4A8 v10
 //               GEMM 1), W2 kDown: data, group scales and block records (packed_w4a8_size per expert)
-// NOTES: both backends allocate and load through this struct. mega FP8-block packs W13 with staged_gate_up_packing
-// (its fused kernel's GEMM 1 reads kGateUpInterleaved8 too: one W13 for both paths, docs/mega.md "One W13"); mega
-// BF16, W4A8 (its fused kernel reads kGateUp only) and FP8 with MEGAMOE_MEGA_OWN_GATE_UP=1 pack kGateUp for the fused
-// tiles and, where its split path can run and staged_gate_up_packing differs (BF16 v2; W4A8 with
+// NOTES: both backends allocate and load through this struct. mega FP8-block and W4A8 pack W13 with
+// staged_gate_up_packing (their fused kernels' GEMM 1 reads kGateUpInterleaved8 too: one W13 for both paths,
+// docs/mega.md "One W13"); mega BF16 and FP8 / W4A8 with MEGAMOE_MEGA_OWN_GATE_UP=1 pack kGateUp for the fused tiles
+// and, where its split path can run and staged_gate_up_packing differs (BF16 v2; FP8 v9; W4A8 with
 // MEGAMOE_W4A8_G1_V10=1), a second W13 in that packing (with_own_gate_up: W13 memory twice, W2 shared); staged packs
 // staged_gate_up_packing only. run_staged_pipeline hands `gate_up_packing` to grouped_gemm1_fp8 / grouped_gemm1_bf16
 // / grouped_gemm1_w4a8 (W4a8Weights::packing), which pick the kernel for that layout.

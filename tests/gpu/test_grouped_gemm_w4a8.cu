@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <utility>
 #include <memory>
 #include <random>
@@ -714,6 +715,32 @@ int expect_gemm1_bytes_equal(const W4a8Problem& p, int intermediate, const std::
   return 1;
 }
 
+// The case loop of the interleaved-vs-kGateUp GEMM-1 byte comparisons: decoders old and auto, SiLU without top-k and
+// clamped SwiGLU with top-k weights (random in [0.05, 1), seeded by `seed`), every rows hint of `hints`; compare(hint,
+// topk weights or null, activation) runs the launches and returns the launch pairs it compared. Returns their sum.
+template <class Compare>
+int for_each_gemm1_case(const W4a8Problem& p, uint64_t seed, std::initializer_list<int> hints, Compare compare) {
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  std::vector<float> topk(p.capacity);
+  std::mt19937_64 rng(seed + 7);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (auto& t : topk) t = weight(rng);
+  int compared = 0;
+  for (int decoder : {0, 3}) {
+    kernels::set_w4a8_decode(decoder);
+    for (bool topk_clamped : {false, true}) {
+      const std::vector<float>* weights = topk_clamped ? &topk : nullptr;
+      const Activation act = topk_clamped ? clamped : Activation{};
+      for (int hint : hints) {
+        SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint) +
+                     (topk_clamped ? " clamped+topk" : " silu"));
+        compared += compare(hint, weights, act);
+      }
+    }
+  }
+  return compared;
+}
+
 // W4A8 v10 GEMM 1 (W13 packed kGateUpInterleaved8, sm90_w4a8_v10_gemm1.cuh) against the old GEMM-1 kernels (the same
 // canonical weights packed kGateUp) on the same inputs, codes then scales byte for byte, pad rows and rows of no
 // expert poisoned in both: experts of 0, 1, 63, 64, 65, 127, 128, 129, 300 rows (tiles whose second math warpgroup
@@ -762,7 +789,6 @@ TEST(GroupedGemmW4a8, W4a8V10Gemm1SmallMInterleavedMatchesOldBitForBit) {
   MEGAMOE_REQUIRE_GPUS(1);
   const ScopedSwitch restore_decoder(kernels::w4a8_decode, kernels::set_w4a8_decode);
   const std::vector<int> counts = {0, 1, 7, 8, 9, 33, 64, 65};
-  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   uint64_t seed = 1821;
   int compared = 0;
   for (WeightFormat f : kFormats) {
@@ -772,42 +798,31 @@ TEST(GroupedGemmW4a8, W4a8V10Gemm1SmallMInterleavedMatchesOldBitForBit) {
       perturb_scales(p, seed);
       const PackedDevice old_weights = pack(p, kernels::GemmRole::kGateUp);
       const PackedDevice new_weights = pack(p, kernels::GemmRole::kGateUpInterleaved8);
-      std::vector<float> topk(p.capacity);
-      std::mt19937_64 rng(seed + 7);
-      std::uniform_real_distribution<float> weight(0.05f, 1.0f);
-      for (auto& t : topk) t = weight(rng);
-      for (int decoder : {0, 3}) {
-        kernels::set_w4a8_decode(decoder);
-        for (bool topk_clamped : {false, true}) {
-          const std::vector<float>* weights = topk_clamped ? &topk : nullptr;
-          const Activation act = topk_clamped ? clamped : Activation{};
-          for (int hint : {8, 16, 32, 64}) {
-            SCOPED_TRACE(describe(p, seed) + " decoder " + std::to_string(decoder) + " hint " + std::to_string(hint) +
-                         (topk_clamped ? " clamped+topk" : " silu"));
-            std::vector<uint8_t> new_out;
-            {
-              const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "1");
-              new_out = run_raw(p, new_weights, true, hint, weights, act);
-            }
-            for (const char* old_kernel : {"1", "0"}) {
-              SCOPED_TRACE(std::string("old MEGAMOE_W4A8_SMALL_M=") + old_kernel);
-              const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", old_kernel);
-              compared += expect_gemm1_bytes_equal(p, intermediate, run_raw(p, old_weights, true, hint, weights, act),
-                                                   new_out);
-            }
-          }
+      compared += for_each_gemm1_case(p, seed, {8, 16, 32, 64}, [&](int hint, const std::vector<float>* weights,
+                                                                    const Activation& act) {
+        std::vector<uint8_t> new_out;
+        {
+          const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "1");
+          new_out = run_raw(p, new_weights, true, hint, weights, act);
         }
-      }
+        int pairs = 0;
+        for (const char* old_kernel : {"1", "0"}) {
+          SCOPED_TRACE(std::string("old MEGAMOE_W4A8_SMALL_M=") + old_kernel);
+          const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", old_kernel);
+          pairs += expect_gemm1_bytes_equal(p, intermediate, run_raw(p, old_weights, true, hint, weights, act), new_out);
+        }
+        return pairs;
+      });
     }
   }
   std::printf("w4a8 small-M interleaved gemm1 vs old kernels: %d launch pairs compared\n", compared);
 }
 
 // The small-M kernel's kInterleaved8 mode against the fp64 reference directly (run_gemm1's bounds), MEGAMOE_W4A8_SMALL_M
-// = auto (the default: the mode runs at hints 1..64 on interleaved weights).
+// = 1 (the mode at hints 1..64 on interleaved weights; auto takes the 2-warpgroup kernel at 1..32 since session 19).
 TEST(GroupedGemmW4a8, W4a8V10Gemm1SmallMInterleavedAgainstReference) {
   MEGAMOE_REQUIRE_GPUS(1);
-  const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "auto");
+  const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "1");
   const kernels::GemmRole interleaved = kernels::GemmRole::kGateUpInterleaved8;
   const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
   for (WeightFormat f : kFormats) {
@@ -816,6 +831,59 @@ TEST(GroupedGemmW4a8, W4a8V10Gemm1SmallMInterleavedAgainstReference) {
     run_gemm1(f, {0, 1, 17, 63, 8}, 512, 256, 1833, Activation{}, true, true, 32, interleaved);
   }
   run_gemm1(WeightFormat::kNvfp4, {33, 0, 8, 16}, 7168, 256, 1834, Activation{}, true, false, 16, interleaved);
+}
+
+// The 2-warpgroup kernel's kSwigluInterleavedFp8 mode (W13 packed kGateUpInterleaved8 at rows hints 1..32 with the
+// spread epilogue on, MEGAMOE_W4A8_SMALL_M = auto; sm90_w4a8_grouped_gemm.cuh) against the 2-warpgroup kGateUp kernel
+// (the same hints, the same canonical weights packed kGateUp), codes then scales byte for byte, outputs poisoned
+// before every launch, rows of no expert checked untouched. Experts of 0, 1, 7, 8, 9, 31, 32, 33, 64, 65 rows: tiles
+// of <= 32 rows take the spread epilogue (kInterleaved staging), the others (33, 64, 64 + 1) the in-thread SwiGLU with
+// the two warpgroups' amax exchange; three copies of the list (30 experts) at I = 2048, K = 512 give every CTA 2-4
+// tiles (the exchange's tile parity). (I, K) in {(256, 512), (2048, 512), (2048, 7168)}, N = 2I, both formats, decoders
+// old and auto, SiLU without top-k and clamped SwiGLU with top-k weights, rows hints 1 / 8 / 16 / 32, fresh inputs
+// per shape, scales perturbed into the decoders' fallbacks. 96 launch pairs.
+TEST(GroupedGemmW4a8, W4a8TwoWarpgroupInterleavedGemm1MatchesOldBitForBit) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedSwitch restore_decoder(kernels::w4a8_decode, kernels::set_w4a8_decode);
+  const ScopedEnv small_m("MEGAMOE_W4A8_SMALL_M", "auto");
+  const ScopedEnv spread("MEGAMOE_SWIGLU_SPREAD", "1");
+  const std::vector<int> base_counts = {0, 1, 7, 8, 9, 31, 32, 33, 64, 65};
+  uint64_t seed = 1901;
+  int compared = 0;
+  for (WeightFormat f : kFormats) {
+    for (const auto& [intermediate, k] : {std::pair{256, 512}, std::pair{2048, 512}, std::pair{2048, 7168}}) {
+      const bool large = intermediate * k > 256 * 512;
+      std::vector<int> counts = base_counts;
+      if (k == 512 && intermediate == 2048)  // many tiles per CTA (the amax exchange's tile parity)
+        for (int copy = 0; copy < 2; ++copy) counts.insert(counts.end(), base_counts.begin(), base_counts.end());
+      W4a8Problem p = make_problem(f, counts, 2 * intermediate, k, ++seed, large, false);
+      perturb_scales(p, seed);
+      const PackedDevice old_weights = pack(p, kernels::GemmRole::kGateUp);
+      const PackedDevice new_weights = pack(p, kernels::GemmRole::kGateUpInterleaved8);
+      compared += for_each_gemm1_case(p, seed, {1, 8, 16, 32}, [&](int hint, const std::vector<float>* weights,
+                                                                   const Activation& act) {
+        const std::vector<uint8_t> old_out = run_raw(p, old_weights, true, hint, weights, act);
+        const std::vector<uint8_t> new_out = run_raw(p, new_weights, true, hint, weights, act);
+        return expect_gemm1_bytes_equal(p, intermediate, old_out, new_out);
+      });
+    }
+  }
+  std::printf("w4a8 2-warpgroup interleaved gemm1 vs 2-warpgroup kGateUp: %d launch pairs compared\n", compared);
+}
+
+// The 2-warpgroup kernel's kSwigluInterleavedFp8 mode against the fp64 reference directly (run_gemm1's bounds),
+// MEGAMOE_W4A8_SMALL_M = auto, rows hints 1..32 (spread epilogue tiles and, for experts above 32 rows, the in-thread
+// SwiGLU).
+TEST(GroupedGemmW4a8, W4a8TwoWarpgroupInterleavedGemm1AgainstReference) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const ScopedEnv env("MEGAMOE_W4A8_SMALL_M", "auto");
+  const kernels::GemmRole interleaved = kernels::GemmRole::kGateUpInterleaved8;
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  for (WeightFormat f : kFormats) {
+    run_gemm1(f, {0, 1, 7, 9, 33, 64, 65}, 512, 256, 1911, Activation{}, true, false, 8, interleaved);
+    run_gemm1(f, {5, 0, 32, 1, 40}, 384, 512, 1912, clamped, false, false, 32, interleaved);
+    run_gemm1(f, {0, 1, 17, 63, 8}, 512, 256, 1913, Activation{}, true, true, 1, interleaved);
+  }
 }
 
 // W4A8 v10 GEMM 1 against the fp64 reference directly (run_gemm1's bounds, random and bit-exact representable inputs,

@@ -162,8 +162,8 @@ struct ScopedEnv {
 // mega[fused] == mega[split] == staged == mega[fused] on its own kGateUp W13 (MEGAMOE_MEGA_OWN_GATE_UP=1, the
 // split-N kernel before) bit for bit, each vs the reference. Plain SiLU, then clamped SwiGLU with top-k in fc1.
 // FP8-block (the subject) and BF16 (its fused kernel keeps kGateUp, the split path its own v2 copy: unchanged);
-// W4A8 has one packing for both paths by default and its own tests (W4a8Gemm1V10LayersMatchTheOldPacking: the
-// split path's own W13 with MEGAMOE_W4A8_G1_V10=1).
+// W4A8 has one packing for both paths and its own tests (W4a8Gemm1V10LayersMatchTheOldPacking: the interleaved W13
+// with MEGAMOE_W4A8_G1_V10=1).
 TEST_P(MegaSingle, OneW13RowsPerExpertMatchStagedAndOwnGateUp) {
   if (GetParam() != WeightFormat::kFp8Block && GetParam() != WeightFormat::kBf16)
     GTEST_SKIP() << "W4A8: one W13 packing on both paths already";
@@ -213,13 +213,15 @@ TEST_P(MegaSingle, OneW13RowsPerExpertMatchStagedAndOwnGateUp) {
   }
 }
 
-// MEGAMOE_W4A8_G1_V10 (set_w4a8_g1_v10; read when a layer is made): on, staged and mega's split path pack W13
-// kGateUpInterleaved8 and run W4A8 v10 GEMM 1 (bit-identical to the old GEMM-1 kernels, docs/grouped_gemm.md "W4A8
-// v10 GEMM 1"); mega's fused kernel keeps its kGateUp W13 and the split path gets its own copy (docs/mega.md "One
-// W13"). One set of layers per switch value on the same weights and inputs: staged, mega[split], mega[auto] and
-// mega[fused] made with the switch on == staged made with it off, 0 differing elements, at rows per expert 0..200
-// and rows hints (mean rows per expert) 3, 8, 30, 64 (<= 64: the old kernels' 64-row tiles) and 65, 70, 150 (> 64).
-// Plain SiLU, then clamped SwiGLU with the top-k weight in GEMM 1.
+// MEGAMOE_W4A8_G1_V10 (set_w4a8_g1_v10; read when a layer is made): on, staged and mega pack W13 kGateUpInterleaved8:
+// staged and mega's split path run the interleaved GEMM-1 kernels (2-warpgroup / small-M / v10 GEMM 1, bit-identical
+// to the old GEMM-1 kernels, docs/grouped_gemm.md), mega's fused kernel reads the same ONE W13 since session 19
+// (docs/mega.md "One W13"; with MEGAMOE_MEGA_OWN_GATE_UP=1 it keeps a kGateUp W13 and the split path its own copy).
+// One set of layers per switch value on the same weights and inputs: staged, mega[split], mega[auto], mega[fused] and
+// mega[fused] with MEGAMOE_MEGA_OWN_GATE_UP=1 made with the switch on == staged made with it off, 0 differing
+// elements, at rows per expert 0..200 and rows hints (mean rows per expert) 3, 8, 30, 64 (<= 64: 64-row tiles; the
+// fused kernel's spread epilogue on tiles of <= 32 rows, the in-thread SwiGLU above) and 65, 70, 150 (> 64: 128-row
+// tiles). Plain SiLU, then clamped SwiGLU with the top-k weight in GEMM 1.
 TEST_P(MegaSingle, W4a8Gemm1V10LayersMatchTheOldPacking) {
   if (GetParam() != WeightFormat::kNvfp4 && GetParam() != WeightFormat::kMxfp4) GTEST_SKIP() << "W4A8 only";
   auto group = single_rank_group();
@@ -241,6 +243,11 @@ TEST_P(MegaSingle, W4a8Gemm1V10LayersMatchTheOldPacking) {
     auto split_on = make_loaded_backend("mega[split]", c, *group, experts, stream_);
     auto auto_on = make_loaded_backend("mega[auto]", c, *group, experts, stream_);
     auto fused_on = make_loaded_backend("mega[fused]", c, *group, experts, stream_);
+    std::unique_ptr<MoeBackend> fused_own_on;  // the fused kernel on its own kGateUp W13 (before session 19)
+    {
+      const ScopedEnv old_layout("MEGAMOE_MEGA_OWN_GATE_UP", "1");
+      fused_own_on = make_loaded_backend("mega[fused]", c, *group, experts, stream_);
+    }
     // NOTES: the layers keep the packing they were made with; switching back here shows that the GEMM-1 kernel
     // follows the packing (W4a8Weights::packing), not the switch's current value.
     kernels::set_w4a8_g1_v10(0);
@@ -255,11 +262,16 @@ TEST_P(MegaSingle, W4a8Gemm1V10LayersMatchTheOldPacking) {
       EXPECT_EQ(split_on->last_forward_path(), "split");
       const auto by_auto = forward_once(*auto_on, *group, c, in, stream_);
       const auto by_fused = forward_once(*fused_on, *group, c, in, stream_);
+      EXPECT_EQ(fused_on->last_forward_path(), "fused");
+      const auto by_fused_own = forward_once(*fused_own_on, *group, c, in, stream_);
       EXPECT_EQ(compare_bits(by_staged, want, c.hidden).differing, 0) << "staged: switch on vs off";
       EXPECT_EQ(compare_bits(by_split, want, c.hidden).differing, 0) << "mega[split] (switch on) vs staged (off)";
       EXPECT_EQ(compare_bits(by_auto, want, c.hidden).differing, 0) << "mega (switch on) vs staged (off)";
       EXPECT_EQ(compare_bits(by_fused, want, c.hidden).differing, 0) << "mega[fused] (switch on) vs staged (off)";
+      EXPECT_EQ(compare_bits(by_fused_own, want, c.hidden).differing, 0)
+          << "mega[fused] on its own kGateUp W13 (switch on) vs staged (off)";
     }
+    fused_own_on->destroy();
     fused_on->destroy();
     auto_on->destroy();
     split_on->destroy();
