@@ -92,8 +92,12 @@ void launch_v10_gemm1(const uint8_t* a, const uint8_t* weight_data, const W4a8Ge
   constexpr int kStages = max_stages<sm90::W4a8V10Gemm1Layout<1, kFormat>>();
   static_assert(kStages == sm90::kW4a8V10Gemm1Stages, "the shared-memory budget in sm90_w4a8_v10_gemm1.cuh's NOTES");
   using Layout = sm90::W4a8V10Gemm1Layout<kStages, kFormat>;
+  // The rows epilogue's TMA-store out map: out E4M3 [m_capacity, n / 2] as bytes, boxes of 128 bytes x kOutMapRows.
+  const CUtensorMap out_map = detail::make_byte_tensor_map(params.out, static_cast<uint64_t>(params.n) / 2,
+                                                           params.m_capacity, 128, Layout::kOutMapRows,
+                                                           CU_TENSOR_MAP_SWIZZLE_128B);
   launch_kernel<Layout>(&sm90::sm90_w4a8_v10_gemm1_kernel<kStages, kFormat>, sm90::kThreadsPerCta, a, weight_data,
-                        params, stream);
+                        params, stream, out_map);
 }
 
 // -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V10; unset or empty = 1).

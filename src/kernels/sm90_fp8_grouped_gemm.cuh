@@ -103,8 +103,8 @@ constexpr int kBf16StagingPitch = 128 * 2 + 16;
 // Row pitch of the FP8 staging rows of the SwiGLU epilogues' bulk stores (v8c, v9): 128 codes + 16 B,
 // 16-byte aligned rows, 2-byte writes of a quad's 8 row slots conflict-free (36 words = 4 mod 32).
 constexpr int kFp8StagingPitch = 128 + 16;
-// Per-warp FP8 staging of swiglu_quant_fp8_rows_epilogue<..., kTmaStore = true> (v11 GEMM 1, 128 x 256): one
-// [16 rows][128 B] box of the 128-byte-swizzled out map (two whole 1024-byte swizzle atoms), so a warp stride of
+// Per-warp FP8 staging of swiglu_quant_fp8_rows_epilogue<..., kTmaStore = true> (v11 / W4A8 v10 GEMM 1, 128 x 256):
+// one [16 rows][128 B] box of the 128-byte-swizzled out map (two whole 1024-byte swizzle atoms), so a warp stride of
 // 2048 keeps every warp's box 1024-byte aligned from a 1024-aligned base; the partial-warp fallback reuses it as 16
 // unswizzled 128-byte rows.
 constexpr int kFp8TmaStagingBytesPerWarp = 16 * 128;
@@ -1331,9 +1331,9 @@ struct RowsAmaxExchange {
   }
 };
 
-// swiglu_quant_fp8_rows_epilogue (the v9 / v11 rows epilogue of the comment above) with kTmaStore (v11 GEMM 1's
-// 128 x 256 tile only; docs/grouped_gemm.md "v11 GEMM 1 TMA-store epilogue"; kHalves = 2): the warp's staging is kFp8TmaStagingBytesPerWarp (2048) bytes at (warp - 4) * 2048
-// of a 1024-aligned staging_base. A warp whose 16 rows are all the expert's (warp_row + 16 <= m_end, warp-uniform)
+// swiglu_quant_fp8_rows_epilogue (the v9 / v11 rows epilogue of the comment above) with kTmaStore (the 128 x 256
+// tiles of v11 GEMM 1 and W4A8 v10 GEMM 1 only; docs/grouped_gemm.md "v11 GEMM 1 TMA-store epilogue"; kHalves = 2):
+// the warp's staging is kFp8TmaStagingBytesPerWarp (2048) bytes at (warp - 4) * 2048 of a 1024-aligned staging_base. A warp whose 16 rows are all the expert's (warp_row + 16 <= m_end, warp-uniform)
 // writes its codes as one box of out_map ([m_capacity rows][out_cols bytes], box [16 rows][128 B], 128-byte swizzle:
 // byte b of row r at r * 128 + ((b / 16) ^ (r % 8)) * 16 + b % 16) and lane 0 stores it with ONE TMA tensor store
 // at (n_tile * 128, warp_row) and commits one bulk group; any other warp (the expert's last rows) writes 16

@@ -2,7 +2,9 @@
 // v11's uniform mainloop + a CTA-shared decoded tile) applied to GEMM 1 the way FP8 v11 GEMM 1
 // (sm90_fp8_wide_gemm1.cuh) applies v11 to it: split-M 128 x 256 tiles on W13 packed gate/up interleaved by 8
 // (GemmRole::kGateUpInterleaved8, pack_w4a8_expert_weights), the in-thread SwiGLU + FP8 requant epilogue
-// swiglu_quant_fp8_rows_epilogue (sm90_fp8_grouped_gemm.cuh, kHalves = 2) reused as is. grouped_gemm1_w4a8 runs it
+// swiglu_quant_fp8_rows_epilogue (sm90_fp8_grouped_gemm.cuh, kHalves = 2) reused as is, in its kTmaStore form (v11
+// GEMM 1's: TMA tensor stores of whole 16-row warps through out_map; docs/grouped_gemm.md "W4A8 v10 GEMM 1
+// TMA-store epilogue"). grouped_gemm1_w4a8 runs it
 // for W13 packed with kGateUpInterleaved8 at unknown or > 64 rows hints (1..64: the small-M kernel's kInterleaved8
 // mode, sm90_w4a8_small_m_grouped_gemm.cuh, the other W4A8 kernel that reads that packing); which packing
 // a loader picks is MEGAMOE_W4A8_G1_V10 (kernels::w4a8_gemm1_packing(), default 0 = kGateUp = the old kernels).
@@ -48,13 +50,24 @@
 // - A math warpgroup whose 64 rows hold no row of the expert runs its k loop unchanged (the other warpgroup reads
 //   its half of the decoded rows; skipping the wgmma under a branch serializes them: v10 NOTES) and skips only
 //   the epilogue. No other barrier: the epilogue (no AmaxCombine) synchronizes nothing.
+// - Epilogue stores (docs/grouped_gemm.md "W4A8 v10 GEMM 1 TMA-store epilogue"): swiglu_quant_fp8_rows_epilogue with
+//   kTmaStore, as v11 GEMM 1: a warp whose 16 rows are all the expert's writes them as one 16 x 128 B box (128-byte
+//   swizzle) at (warp - 4) * 2048 of the staging and lane 0 stores it with ONE TMA tensor store (out_map: out E4M3
+//   [m_capacity][n / 2] as bytes, boxes 128 B x kOutMapRows = 16 rows, launch_v10_gemm1); the warp holding the
+//   expert's last rows (and only it) keeps the per-row 1-D bulk copies, from the same 2,048 B as 16 unswizzled
+//   128-byte rows. Staging reuse / ordering, clipping and bit-identity: the kTmaStore NOTES of
+//   swiglu_quant_fp8_rows_epilogue (codes and out_scales unchanged; only the store path differs). Lane 0 of every
+//   math warpgroup prefetches out_map; every thread runs bulk_wait_all() before exiting.
 // - Uniformity as v10: warpgroup / warp / per-tile values are __shfl_sync broadcasts; stage, phase, count and the
 //   descriptor words (stage-0 base + stage * (bytes >> 4)) are warp-uniform.
 // - Shared memory (1024 experts, limit 227 KiB = 232,448 B), bytes: decoded 2 x 32,768 = 65,536 | A 3 x 16,384 =
 //   49,152 | FP4 3 x 16,384 = 49,152 | group scales 3 x 2,048 (NVFP4; MXFP4 3 x 1,024) | FP8 row staging 8 warps x
-//   16 rows x 144 = 18,432 | scale ring 3 x 132 words = 1,584 | mbarriers 48 | table 12,300 | alignment 1,024:
-//   203,372 (NVFP4), 200,300 (MXFP4). A 4th stage (+35,360 / +34,336 with its ring slot and barriers) does not fit
-//   (238,732 / 234,636 B); the launcher's max_stages gives 3 (static_assert kW4a8V10Gemm1Stages).
+//   2,048 (kFp8TmaStagingBytesPerWarp) = 16,384, 1024-aligned for the TMA-store boxes (the offset already is:
+//   65,536 + 3 x (16,384 + 16,384 + 2,048 or 1,024) is a multiple of 1,024, at any stage count, so the alignment
+//   adds no bytes) | scale ring 3 x 132 words = 1,584 | mbarriers 48 | table 12,300 | alignment 1,024: 201,324
+//   (NVFP4), 198,252 (MXFP4) (the per-row form's 144-byte pitch took 18,432: 2,048 more). A 4th stage (+35,360 /
+//   +34,336 with its ring slot and barriers) still does not fit (236,684 / 232,588 B > 232,448); the launcher's
+//   max_stages gives 3 (static_assert kW4a8V10Gemm1Stages).
 #pragma once
 
 #include "kernels/sm90_fp8_grouped_gemm.cuh"
@@ -69,12 +82,16 @@ constexpr int kW4a8V10Gemm1Stages = 3;
 constexpr uint32_t kW4a8V10Gemm1DecodeBarrier = kW4a8DecodeBarrier;
 
 // The v10 layout (W4a8V10LayoutBase) for the 128 x 256 GEMM-1 tile: ONE decoded 256 x 128 B tile (double-buffered)
-// both math warpgroups read, and the FP8 row staging of swiglu_quant_fp8_rows_epilogue (math warp v at
-// v * 16 * kFp8StagingPitch, 16-byte aligned for its bulk copies) at kExchangeOffset (W4a8GemmShared::bf16_staging).
+// both math warpgroups read, and the FP8 row staging of swiglu_quant_fp8_rows_epilogue<..., kTmaStore> (math warp v
+// at v * kFp8TmaStagingBytesPerWarp: one 1024-aligned 16 x 128 B box of out_map) at kExchangeOffset
+// (W4a8GemmShared::bf16_staging).
 // The scale ring slot holds the gate record {factor, p} at [kBlockM], the up record at [kBlockM + 2].
 template <int kStages, Fp4Format kFormat>
 struct W4a8V10Gemm1Layout
-    : W4a8V10LayoutBase<kStages, kFormat, kW4a8V10Gemm1BlockN, kMathWarpgroups * 4 * 16 * kFp8StagingPitch, 16> {
+    : W4a8V10LayoutBase<kStages, kFormat, kW4a8V10Gemm1BlockN, kMathWarpgroups * 4 * kFp8TmaStagingBytesPerWarp, 1024> {
+  // out_map's box rows (launch_v10_gemm1): one math warp's 16 rows.
+  static constexpr int kOutMapRows = 16;
+  static_assert(W4a8V10Gemm1Layout::kExchangeOffset % 1024 == 0, "TMA-store boxes: 128-byte swizzle atoms");
   static constexpr int kGateRecordWord = W4a8V10Gemm1Layout::kBlockM;
   static constexpr int kUpRecordWord = W4a8V10Gemm1Layout::kBlockM + 2;
   static_assert(W4a8V10Gemm1Layout::kScaleRecords == 2, "the tile's gate block and up block per k-block");
@@ -160,11 +177,12 @@ __device__ __forceinline__ void w4a8_v10_gemm1_tile_mainloop(float (&accumulator
 }
 
 // params as the old GEMM-1 launch (grouped_gemm1_w4a8): n = 2 intermediate (packed, kGateUpInterleaved8), k =
-// hidden, out E4M3 [rows, n / 2], out_scales [rows, n / 256], activation / limit / alpha, topk_weights.
+// hidden, out E4M3 [rows, n / 2], out_scales [rows, n / 256], activation / limit / alpha, topk_weights. out_map: out
+// as bytes [m_capacity][n / 2], boxes 128 B x Layout::kOutMapRows rows, 128-byte swizzle (the epilogue's TMA stores).
 template <int kStages, Fp4Format kFormat>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_w4a8_v10_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
-                               const W4a8GemmParams params) {
+                               const __grid_constant__ CUtensorMap out_map, const W4a8GemmParams params) {
   using Layout = W4a8V10Gemm1Layout<kStages, kFormat>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
@@ -178,6 +196,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int scale_row = start.scale_row;
   const uint32_t a_descriptor0 = start.a_descriptor0, b_descriptor0 = start.b_descriptor0;
   const int lane = threadIdx.x % 32;
+  if (threadIdx.x % 128 == 0) prefetch_tensor_map(&out_map);
 
   int stage = 0;
   uint32_t phase = 0, count = 0;
@@ -194,11 +213,12 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
     w4a8_v10_gemm1_tile_mainloop<Layout>(accumulator, partial, smem, k_blocks, math_thread, scale_row, a_descriptor0,
                                          b_descriptor0, stage, phase, count, params.decoder);
     if (active)
-      swiglu_quant_fp8_rows_epilogue<false>(accumulator, smem.bf16_staging, m0 + math_wg * 64, m_end, n_tile,
-                                            params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
-                                            params.out_scales, params.activation, params.limit, params.alpha);
+      swiglu_quant_fp8_rows_epilogue<false, 2, RowsAmaxLocal, true>(
+          accumulator, smem.bf16_staging, m0 + math_wg * 64, m_end, n_tile, params.n / 2, params.topk_weights,
+          static_cast<uint8_t*>(params.out), params.out_scales, params.activation, params.limit, params.alpha, 0,
+          RowsAmaxLocal{}, &out_map);
   }
-  bulk_wait_all();  // the epilogue's bulk copies
+  bulk_wait_all();  // the epilogue's bulk copies and TMA stores
 }
 
 }  // namespace megamoe::kernels::sm90

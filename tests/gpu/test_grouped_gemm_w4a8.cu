@@ -715,16 +715,22 @@ int expect_gemm1_bytes_equal(const W4a8Problem& p, int intermediate, const std::
   return 1;
 }
 
+// Per-row top-k weights in [0.05, 1) for the GEMM-1 comparisons (rows = the problem's capacity).
+std::vector<float> random_topk_weights(int64_t rows, uint64_t seed) {
+  std::vector<float> topk(rows);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (auto& t : topk) t = weight(rng);
+  return topk;
+}
+
 // The case loop of the interleaved-vs-kGateUp GEMM-1 byte comparisons: decoders old and auto, SiLU without top-k and
 // clamped SwiGLU with top-k weights (random in [0.05, 1), seeded by `seed`), every rows hint of `hints`; compare(hint,
 // topk weights or null, activation) runs the launches and returns the launch pairs it compared. Returns their sum.
 template <class Compare>
 int for_each_gemm1_case(const W4a8Problem& p, uint64_t seed, std::initializer_list<int> hints, Compare compare) {
   const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
-  std::vector<float> topk(p.capacity);
-  std::mt19937_64 rng(seed + 7);
-  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
-  for (auto& t : topk) t = weight(rng);
+  const std::vector<float> topk = random_topk_weights(p.capacity, seed + 7);
   int compared = 0;
   for (int decoder : {0, 3}) {
     kernels::set_w4a8_decode(decoder);
@@ -775,6 +781,40 @@ TEST(GroupedGemmW4a8, W4a8V10Gemm1MatchesOldBitForBit) {
     }
   }
   std::printf("w4a8 v10 gemm1 vs old kernels: %d launch pairs compared\n", compared);
+}
+
+// v10 GEMM 1's TMA-store epilogue (swiglu_quant_fp8_rows_epilogue kTmaStore; docs/grouped_gemm.md "W4A8 v10 GEMM 1
+// TMA-store epilogue") against the old GEMM-1 kernels, byte for byte as above, over every warp shape of the 128-row
+// tile: experts of exactly 16 j rows (16, 32, 48, 80, 144, 256: every warp with rows takes the TMA store, the
+// following whole warps and 8-row halves have none), last warps with 1..15 rows (1, 15, 33, 140: partial 8-row
+// halves and a second half with rows), exactly 8 rows in the last warp (8, 24, 200 = 128 + 64 + 8: its second half
+// empty), whole warps and a whole math warpgroup without rows; expert starts off every 16-row alignment (3 leading
+// pad rows, odd counts before). N = 2I for I in {256, 2048} (2 and 16 output boxes per row), K = 512, both formats,
+// SiLU without top-k and clamped SwiGLU with top-k weights, rows hint 0 (the old side: its default kernel).
+// 8 launch pairs.
+TEST(GroupedGemmW4a8, W4a8V10Gemm1TmaStoreWarpShapes) {
+  MEGAMOE_REQUIRE_GPUS(1);
+  const std::vector<int> counts = {16, 1, 48, 0, 8, 24, 80, 140, 33, 144, 200, 256, 15, 32};
+  const Activation clamped{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};
+  uint64_t seed = 1901;
+  int compared = 0;
+  for (WeightFormat f : kFormats) {
+    for (int intermediate : {256, 2048}) {
+      W4a8Problem p = make_problem(f, counts, 2 * intermediate, 512, ++seed, intermediate > 256, false);
+      perturb_scales(p, seed);
+      const PackedDevice old_weights = pack(p, kernels::GemmRole::kGateUp);
+      const PackedDevice new_weights = pack(p, kernels::GemmRole::kGateUpInterleaved8);
+      const std::vector<float> topk = random_topk_weights(p.capacity, seed + 7);
+      for (bool topk_clamped : {false, true}) {
+        const std::vector<float>* weights = topk_clamped ? &topk : nullptr;
+        const Activation act = topk_clamped ? clamped : Activation{};
+        SCOPED_TRACE(describe(p, seed) + (topk_clamped ? " clamped+topk" : " silu"));
+        compared += expect_gemm1_bytes_equal(p, intermediate, run_raw(p, old_weights, true, 0, weights, act),
+                                             run_raw(p, new_weights, true, 0, weights, act));
+      }
+    }
+  }
+  std::printf("w4a8 v10 gemm1 TMA-store warp shapes vs old kernels: %d launch pairs compared\n", compared);
 }
 
 // The small-M kernel's kInterleaved8 mode (W13 packed kGateUpInterleaved8 at rows hints 1..64,
