@@ -356,11 +356,12 @@ void set_w4a8_v10(int enabled);
 // W4A8 v10 GEMM 1 (docs/grouped_gemm.md "W4A8 v10 GEMM 1"): grouped_gemm1_w4a8 runs the 128 x 256 split-M kernel
 // (sm90_w4a8_v10_gemm1.cuh) on W13 packed with kGateUpInterleaved8 (rows hints 1..64: the small-M kernel's
 // kInterleaved8 mode instead, unless MEGAMOE_W4A8_SMALL_M=0), the old kernels on kGateUp (W4a8Weights::
-// packing picks). w4a8_gemm1_packing() is the W13 packing a loader should use: kGateUpInterleaved8 when
-// MEGAMOE_W4A8_G1_V10 = "1", else kGateUp (the default: "0", unset or empty; anything else: megamoe::Error), read
-// once per process; set_w4a8_g1_v10(0 | 1) overrides it. `megamoe bench gemm` follows it, and so does
-// staged_gate_up_packing (moe/staged_pipeline.h): the staged backend's W13 and mega's split-path W13 copy (mega's fused
-// kernel keeps kGateUp); a layer reads it when it is made (not run on a GPU in the layers yet).
+// packing picks). w4a8_gemm1_packing() is the W13 packing a loader should use: kGateUpInterleaved8 (the default since
+// session 19: "1", unset or empty), kGateUp with MEGAMOE_W4A8_G1_V10 = "0" (anything else: megamoe::Error), read once
+// per process; set_w4a8_g1_v10(0 | 1) overrides it. `megamoe bench gemm` follows it, and so does
+// staged_gate_up_packing (moe/staged_pipeline.h): the staged backend's W13 and mega's one W13 (its fused W4A8 GEMM 1
+// reads either packing); a layer reads it when it is made (docs/grouped_gemm.md "W4A8 2-warpgroup GEMM 1 on
+// interleaved W13: outcome").
 int w4a8_g1_v10();
 void set_w4a8_g1_v10(int enabled);
 GemmRole w4a8_gemm1_packing();

@@ -102,7 +102,7 @@ void launch_v10_gemm1(const uint8_t* a, const uint8_t* weight_data, const W4a8Ge
 
 // -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_V10; unset or empty = 1).
 std::atomic<int> g_w4a8_v10{-1};
-// -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_G1_V10; unset or empty = 0).
+// -1: not read yet; else 0 or 1 (MEGAMOE_W4A8_G1_V10; unset or empty = 1 since session 19).
 std::atomic<int> g_w4a8_g1_v10{-1};
 
 // A switch read from the environment once per process into `cell` (-1: not read yet), unless an override (set_w4a8_*)
@@ -281,7 +281,7 @@ void set_w4a8_v10(int enabled) {
 int w4a8_g1_v10() {
   return read_switch_once(g_w4a8_g1_v10, "MEGAMOE_W4A8_G1_V10", [](const std::string& text) {
     MEGAMOE_CHECK(text.empty() || text == "0" || text == "1", "MEGAMOE_W4A8_G1_V10 = '", text, "' must be 0 or 1");
-    return text == "1" ? 1 : 0;
+    return text == "0" ? 0 : 1;
   });
 }
 

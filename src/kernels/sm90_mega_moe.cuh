@@ -752,7 +752,7 @@ __global__ void __launch_bounds__(sm90::kThreadsPerCta, 1)
                                                                   p.limit, p.alpha);
           }
         } else if constexpr (kW4a8 && kInterleavedW13) {
-          // W13 kGateUpInterleaved8 (the staged pipeline's packing with MEGAMOE_W4A8_G1_V10=1, docs/mega.md "One
+          // W13 kGateUpInterleaved8 (the staged pipeline's W4A8 packing by default, docs/mega.md "One
           // W13"): both warpgroups read the tile's gate block records (block 2 n_tile) and up block records (at
           // + k1_blocks), each thread decodes its packed row with its own block's (w4a8_tile_mainloop kInterleaved).
           const W4a8BlockScaleDevice* blocks =

@@ -7,7 +7,7 @@
 // TMA-store epilogue"). grouped_gemm1_w4a8 runs it
 // for W13 packed with kGateUpInterleaved8 at unknown or > 64 rows hints (1..64: the small-M kernel's kInterleaved8
 // mode, sm90_w4a8_small_m_grouped_gemm.cuh, the other W4A8 kernel that reads that packing); which packing
-// a loader picks is MEGAMOE_W4A8_G1_V10 (kernels::w4a8_gemm1_packing(), default 0 = kGateUp = the old kernels).
+// a loader picks is MEGAMOE_W4A8_G1_V10 (kernels::w4a8_gemm1_packing(), default 1 = this packing; 0 = kGateUp).
 //
 // Why: GEMM 1 at >= 512 rows per expert runs the old 128 x 256 split-N kernel (two m64 sub-tiles per math
 // warpgroup, per-thread descriptors, the gate-exchange epilogue with pair barriers and 2-byte stores) at 562-637

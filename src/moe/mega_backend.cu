@@ -177,8 +177,8 @@ class MegaBackend final : public MoeBackend {
     const bool w4a8 = kernels::mega_is_w4a8(format_);
     const int64_t P = kernels::mega_element_bytes(format_);
     // The grouped GEMMs' layouts (ExpertSlabs): W13 FP8-block and W4A8 in staged's packing (staged_gate_up_packing:
-    // FP8 kGateUpInterleaved8 unless MEGAMOE_FP8_GEMM1_V9=0, W4A8 kGateUpInterleaved8 with MEGAMOE_W4A8_G1_V10=1, else
-    // kGateUp; the fused kernel's GEMM-1 tiles read either), kGateUp with MEGAMOE_MEGA_OWN_GATE_UP=1; BF16 kGateUp
+    // FP8 kGateUpInterleaved8 unless MEGAMOE_FP8_GEMM1_V9=0, W4A8 kGateUpInterleaved8 unless MEGAMOE_W4A8_G1_V10=0,
+    // else kGateUp; the fused kernel's GEMM-1 tiles read either), kGateUp with MEGAMOE_MEGA_OWN_GATE_UP=1; BF16 kGateUp
     // (the fused BF16 tiles); W2 kDown; the split path's own W13 below where its packing differs.
     const kernels::GemmRole fused_packing =
         (format_ == MegaFormat::kFp8Block || w4a8) && !mega_own_gate_up_requested() ? staged_gate_up_packing(config, false)
@@ -197,9 +197,9 @@ class MegaBackend final : public MoeBackend {
     // kernel reads that packing too (one W13). BF16 (staged's v2 packing is kGateUpInterleaved8, the fused BF16
     // tiles read kGateUp) and FP8 with MEGAMOE_MEGA_OWN_GATE_UP=1: a second W13 in the split path's packing
     // (with_own_gate_up), W13 memory twice, only where the split path can run. W4A8: one W13 in staged's packing
-    // (kGateUp by default; kGateUpInterleaved8 with MEGAMOE_W4A8_G1_V10=1, which the fused W4A8 GEMM 1 reads too
-    // since session 19: docs/mega.md "One W13"); with MEGAMOE_MEGA_OWN_GATE_UP=1 and the switch on, kGateUp for the
-    // fused kernel and the split path's own interleaved copy, as before.
+    // (kGateUpInterleaved8 by default, kGateUp with MEGAMOE_W4A8_G1_V10=0; the fused W4A8 GEMM 1 reads both since
+    // session 19: docs/mega.md "One W13"); with MEGAMOE_MEGA_OWN_GATE_UP=1 and the interleaved packing, kGateUp for
+    // the fused kernel and the split path's own interleaved copy.
     split_slabs_ = slabs_;
     if (split_scratch_) {
       const kernels::GemmRole split_packing = staged_gate_up_packing(config, false);

@@ -21,8 +21,8 @@ using kernels::sm90::Fp4Format;
 //   64 x 256 nvfp4:  65,536 + 4 x (8,192 + 16,384 + 2,048) + 34,816 staging = 206,848 -> 216,272 at E = 512
 // A fifth stage (+34,816 / +26,624) does not fit either height with the 512-expert tables.
 // kInterleavedW13 (session 19): GEMM-1 tiles on W13 packed kGateUpInterleaved8 (kSwigluInterleavedFp8: the staged
-// pipeline's packing with MEGAMOE_W4A8_G1_V10=1, one W13 for both paths, docs/mega.md "One W13"). Same bytes: no 8 KiB
-// gate exchange, the 1-2 KiB amax exchange at the start of the (larger) staging region.
+// pipeline's packing by default, MEGAMOE_W4A8_G1_V10 unset or 1; one W13 for both paths, docs/mega.md "One W13").
+// Same bytes: no 8 KiB gate exchange, the 1-2 KiB amax exchange at the start of the (larger) staging region.
 template <int kSubTiles, Fp4Format kFp4, bool kInterleavedW13 = false>
 using MegaW4a8Tiles = kernels::sm90::W4a8GemmLayout<
     kSubTiles, 4, kFp4,

@@ -29,8 +29,8 @@ namespace megamoe {
 // NOTES: both backends allocate and load through this struct. mega FP8-block and W4A8 pack W13 with
 // staged_gate_up_packing (their fused kernels' GEMM 1 reads kGateUpInterleaved8 too: one W13 for both paths,
 // docs/mega.md "One W13"); mega BF16 and FP8 / W4A8 with MEGAMOE_MEGA_OWN_GATE_UP=1 pack kGateUp for the fused tiles
-// and, where its split path can run and staged_gate_up_packing differs (BF16 v2; FP8 v9; W4A8 with
-// MEGAMOE_W4A8_G1_V10=1), a second W13 in that packing (with_own_gate_up: W13 memory twice, W2 shared); staged packs
+// and, where its split path can run and staged_gate_up_packing differs (BF16 v2; FP8 v9; W4A8 v10 GEMM 1,
+// the default), a second W13 in that packing (with_own_gate_up: W13 memory twice, W2 shared); staged packs
 // staged_gate_up_packing only. run_staged_pipeline hands `gate_up_packing` to grouped_gemm1_fp8 / grouped_gemm1_bf16
 // / grouped_gemm1_w4a8 (W4a8Weights::packing), which pick the kernel for that layout.
 struct ExpertSlabs {
@@ -65,7 +65,7 @@ struct ExpertSlabs {
   void load(const MoeConfig& config, int local_expert, const ExpertWeights& weights) const;
   // This slab set with its own W13 (and FP8 W13 scales, W4A8 W13 group scales and block records) packed with
   // `gate_up_packing`, sharing W2: how mega gives its split path the staged pipeline's GEMM-1 layout where its fused
-  // kernel reads kGateUp (BF16; W4A8 with MEGAMOE_W4A8_G1_V10=1; FP8 only with MEGAMOE_MEGA_OWN_GATE_UP=1).
+  // kernel reads kGateUp (BF16; W4A8 and FP8 only with MEGAMOE_MEGA_OWN_GATE_UP=1).
   ExpertSlabs with_own_gate_up(const MoeConfig& config, int local_experts, kernels::GemmRole gate_up_packing,
                                const std::function<void*(size_t)>& alloc) const;
   // Packs and uploads W13 of one expert only (the slab set from with_own_gate_up).
@@ -77,9 +77,10 @@ struct ExpertSlabs {
 //              session 13), else kGateUp (split-N tiles); MEGAMOE_FP8_GEMM1_V9=1 / 0 forces one; kGateUp whenever
 //              fp8_gemm1_two_pass (its plain GEMM needs the by-128 gate/up order).
 //   BF16:      kGateUpInterleaved8 (BF16 v2 GEMM 1) when kernels::bf16_gemm_v2_default(), else kGateUp.
-//   W4A8:      kernels::w4a8_gemm1_packing(): kGateUpInterleaved8 (W4A8 v10 GEMM 1, every rows hint) when
-//              MEGAMOE_W4A8_G1_V10=1 (read once per process; kernels::set_w4a8_g1_v10 overrides it), else kGateUp
-//              (the old GEMM-1 kernels, the default). Read when a layer is made: a layer keeps its packing.
+//   W4A8:      kernels::w4a8_gemm1_packing(): kGateUpInterleaved8 (the default since session 19: the 2-warpgroup
+//              interleaved mode at rows hints <= 32, small-M interleaved at 33..64, W4A8 v10 GEMM 1 above), kGateUp
+//              (the old GEMM-1 kernels) with MEGAMOE_W4A8_G1_V10=0 (read once per process; kernels::set_w4a8_g1_v10
+//              overrides it). Read when a layer is made: a layer keeps its packing.
 kernels::GemmRole staged_gate_up_packing(const MoeConfig& config, bool fp8_gemm1_two_pass);
 
 // What staged pipelines share (MoeWorkspace): the dispatcher (EP window + grouped rows + counters), the
