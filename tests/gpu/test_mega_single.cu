@@ -162,11 +162,11 @@ struct ScopedEnv {
 // mega[fused] == mega[split] == staged == mega[fused] on its own kGateUp W13 (MEGAMOE_MEGA_OWN_GATE_UP=1, the
 // split-N kernel before) bit for bit, each vs the reference. Plain SiLU, then clamped SwiGLU with top-k in fc1.
 // FP8-block (the subject) and BF16 (its fused kernel keeps kGateUp, the split path its own v2 copy: unchanged);
-// W4A8 has one packing for both paths and its own tests (W4a8Gemm1V10LayersMatchTheOldPacking: the interleaved W13
-// with MEGAMOE_W4A8_G1_V10=1).
+// W4A8 has its own test of the same comparisons (W4a8Gemm1V10LayersMatchTheOldPacking: fused / split / auto on the one
+// interleaved W13, fused on its own kGateUp W13, staged on kGateUp).
 TEST_P(MegaSingle, OneW13RowsPerExpertMatchStagedAndOwnGateUp) {
   if (GetParam() != WeightFormat::kFp8Block && GetParam() != WeightFormat::kBf16)
-    GTEST_SKIP() << "W4A8: one W13 packing on both paths already";
+    GTEST_SKIP() << "W4A8: W4a8Gemm1V10LayersMatchTheOldPacking makes these comparisons";
   auto group = single_rank_group();
   const std::vector<std::vector<int>> calls = {
       {1, 1, 1, 1, 1, 1, 1, 1},          {8, 8, 8, 8, 8, 8, 8, 8},         {16, 16, 16, 16, 16, 16, 16, 16},
