@@ -27,6 +27,7 @@
 
 #include "common/ep_test_ranks.h"
 #include "common/gpu_skip.h"
+#include "common/scoped_overrides.h"
 #include "common/w4a8_reference.h"
 #include "kernels/grouped_gemm.h"
 #include "megamoe/ep.h"
@@ -432,39 +433,8 @@ inline int64_t run_dispatch_combine_case(EpGroup& group, const DispatchCase& tc,
 }
 
 // ---- MEGAMOE_EP_OVERLAP: the fused path against the two-kernel path -------------------------------------
-// Sets an environment variable for its scope (restores the previous value or unsets it). EpDispatcher
-// reads MEGAMOE_EP_OVERLAP when it is created, so a test picks the path per dispatcher.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = std::make_unique<std::string>(old);
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_.c_str(), old_->c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_;
-  std::unique_ptr<std::string> old_;
-};
-
-// MEGAMOE_W4A8_G1_V10 (kernels::w4a8_g1_v10) is read once per process: a test sets it with set_w4a8_g1_v10 and this
-// restores the value it had at scope entry. The layers read it when they are made (W13 packing, staged_gate_up_packing),
-// so a test makes one layer per value.
-class ScopedW4a8Gemm1Switch {
- public:
-  ScopedW4a8Gemm1Switch() : saved_(kernels::w4a8_g1_v10()) {}
-  ~ScopedW4a8Gemm1Switch() { kernels::set_w4a8_g1_v10(saved_); }
-  ScopedW4a8Gemm1Switch(const ScopedW4a8Gemm1Switch&) = delete;
-  ScopedW4a8Gemm1Switch& operator=(const ScopedW4a8Gemm1Switch&) = delete;
-
- private:
-  int saved_;
-};
+// ScopedEnv (common/scoped_overrides.h): EpDispatcher reads MEGAMOE_EP_OVERLAP when it is created, so a test picks
+// the path per dispatcher.
 
 // Expert output for (source rank, token, slot), column c: a hashed BF16 value with a 12-bit mantissa
 // spread over 2^-3 .. 2^3 (so partial sums round, unlike combine_probe's small integers).

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/scoped_overrides.h"
 #include "kernels/grouped_gemm.h"
 #include "megamoe/error.h"
 #include "moe/staged_pipeline.h"
@@ -69,15 +70,15 @@ TEST(ExpertSlabs, AllocateRequestsTheBytesOfEverySlabInOrder) {
   }
 }
 
-// W4A8 (mega's split path with MEGAMOE_W4A8_G1_V10=1): the three W13 slabs (data, group scales, block records) are
-// the copy's own, W2's three are shared.
+// W4A8 (mega with MEGAMOE_MEGA_OWN_GATE_UP=1 and the interleaved W13): the three W13 slabs (data, group scales,
+// block records) are the copy's own, W2's three are shared.
 TEST(ExpertSlabs, OwnGateUpRequestsOnlyTheW13Slabs) {
   const int E = 2;
   for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kFp8Block, WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
     SCOPED_TRACE(std::string(weight_format_name(format)));
     const MoeConfig c = config_of(format);
     const ExpertSlabs::Bytes b = ExpertSlabs::bytes(c, E);
-    RecordingAlloc first{1 << 20}, second{2 << 20};
+    RecordingAlloc first{1 << 20, {}}, second{2 << 20, {}};
     const ExpertSlabs s = ExpertSlabs::allocate(c, E, kernels::GemmRole::kGateUp, [&](size_t n) { return first(n); });
     const ExpertSlabs own = s.with_own_gate_up(c, E, kernels::GemmRole::kGateUpInterleaved8,
                                                [&](size_t n) { return second(n); });
@@ -99,14 +100,7 @@ TEST(ExpertSlabs, OwnGateUpRequestsOnlyTheW13Slabs) {
   }
 }
 
-// Restores a process-wide switch (read once from the environment, overridden by its setter) at scope end.
-struct ScopedSwitch {
-  int (*get)();
-  void (*set)(int);
-  int saved;
-  ScopedSwitch(int (*get_fn)(), void (*set_fn)(int)) : get(get_fn), set(set_fn), saved(get_fn()) {}
-  ~ScopedSwitch() { set(saved); }
-};
+using testing::ScopedSwitch;
 
 // staged_gate_up_packing for W4A8 is kernels::w4a8_gemm1_packing (MEGAMOE_W4A8_G1_V10: 0 kGateUp, 1
 // kGateUpInterleaved8); FP8-block and BF16 do not depend on that switch.

@@ -158,7 +158,7 @@ TEST_F(EpSingle, StagedMatchesReferenceTwoKernel) {
 // are compared in MegaSingle.W4a8Gemm1V10LayersMatchTheOldPacking.
 TEST_F(EpSingle, StagedW4a8Gemm1V10MatchesReference) {
   auto group = single_rank_group();
-  const ScopedW4a8Gemm1Switch restore;
+  const ScopedSwitch restore(kernels::w4a8_g1_v10, kernels::set_w4a8_g1_v10);
   kernels::set_w4a8_g1_v10(1);
   for (WeightFormat format : {WeightFormat::kNvfp4, WeightFormat::kMxfp4}) {
     SCOPED_TRACE(std::string(weight_format_name(format)));

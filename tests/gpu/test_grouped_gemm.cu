@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/gpu_skip.h"
+#include "common/scoped_overrides.h"
 #include "gpu/fp8_test_util.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/sm90_fp8_grouped_gemm.cuh"  // activate(): the device reference below evaluates it
@@ -27,6 +28,7 @@ namespace {
 using testing::bf16_decode;
 using testing::bf16_round;
 using testing::DeviceBuffer;
+using testing::ScopedEnv;
 using testing::e4m3_decode;
 using testing::e4m3_encode;
 
@@ -188,26 +190,6 @@ struct PlainDeviceProblem {
   }
 };
 
-// Sets an environment variable for its lifetime, then restores the previous value (or unsets it).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    EXPECT_EQ(setenv(name, value, 1), 0);
-  }
-  ~ScopedEnv() {
-    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
-    else unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 // The v11 A-scale switch (MEGAMOE_FP8_V11_TMA_SCALES): every v11 run below runs with it off and on
 // (TMA scales when k % 512 == 0, else the launcher falls back to the cp.async scales) and must give the

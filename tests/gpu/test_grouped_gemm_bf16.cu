@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/gpu_skip.h"
+#include "common/scoped_overrides.h"
 #include "gpu/fp8_test_util.h"
 #include "kernels/grouped_gemm.h"
 #include "megamoe/error.h"
@@ -23,6 +24,7 @@ namespace {
 using testing::bf16_decode;
 using testing::bf16_round;
 using testing::DeviceBuffer;
+using testing::ScopedEnv;
 
 constexpr int kLeadingPadRows = 5, kTrailingPadRows = 7;
 
@@ -439,28 +441,8 @@ TEST(GroupedGemmBf16, V2Gemm1DeepHidden) {
 }
 
 // ---- BF16 clusters (MEGAMOE_BF16_CLUSTER; docs/grouped_gemm.md "BF16 clusters") --------------------------
-// Sets an environment variable for its scope (restores the previous value, or unsets it): the suite also runs with
-// MEGAMOE_BF16_CLUSTER=1 in the environment (scripts/gpu_bf16_cluster.sh), which these tests must leave as found.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      had_old_ = true;
-      old_ = old;
-    }
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_old_) ::setenv(name_.c_str(), old_.c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_old_ = false;
-};
+// ScopedEnv (common/scoped_overrides.h): the suite also runs with MEGAMOE_BF16_CLUSTER=1 in the environment
+// (scripts/gpu_bf16_cluster.sh), which these tests must leave as found.
 
 void expect_same_bits(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want, int cols,
                       const std::string& what) {

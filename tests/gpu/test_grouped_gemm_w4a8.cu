@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/gpu_skip.h"
+#include "common/scoped_overrides.h"
 #include "common/w4a8_reference.h"
 #include "gpu/fp8_test_util.h"
 #include "kernels/grouped_gemm.h"
@@ -31,6 +32,8 @@ using testing::bf16_round;
 using testing::DeviceBuffer;
 using testing::e4m3_decode;
 using testing::e4m3_encode;
+using testing::ScopedEnv;
+using testing::ScopedSwitch;
 
 constexpr int kLeadingPadRows = 3, kTrailingPadRows = 6;
 
@@ -387,15 +390,6 @@ std::pair<std::vector<uint8_t>, std::vector<float>> run_gemm1(WeightFormat forma
 
 constexpr WeightFormat kFormats[] = {WeightFormat::kNvfp4, WeightFormat::kMxfp4};
 
-// A process-wide override (kernels::set_w4a8_v10, set_w4a8_decode) restored when the scope ends.
-struct ScopedSwitch {
-  int (*get)();
-  void (*set)(int);
-  int saved;
-  ScopedSwitch(int (*get_fn)(), void (*set_fn)(int)) : get(get_fn), set(set_fn), saved(get_fn()) {}
-  ~ScopedSwitch() { set(saved); }
-};
-
 // The BF16-out tests at rows hints 0 (unknown) or > 64 below run both BF16-out kernel families: the old 128 x 256
 // kernel (MEGAMOE_W4A8_V10=0) and v10 (=1, the default there); `body` runs once per switch value.
 template <class Body>
@@ -464,12 +458,6 @@ TEST(GroupedGemmW4a8, Gemm1DeepHidden) {
 // cases above test it; these add its clamped SwiGLU and deep-K paths and its BF16 path
 // (MEGAMOE_W4A8_SMALL_M=1), and keep the 2-warpgroup 64-row kernel tested for GEMM 1 as well
 // (MEGAMOE_W4A8_SMALL_M=0; the fused kernel runs its pieces).
-struct ScopedEnv {
-  const char* name;
-  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
-  ~ScopedEnv() { unsetenv(name); }
-};
-
 TEST(GroupedGemmW4a8, SmallMKernelEpiloguesAndDeepK) {
   MEGAMOE_REQUIRE_GPUS(1);
   const Activation act{Activation::Kind::kSwigluClamped, 7.0f, 1.702f};

@@ -149,12 +149,7 @@ RankInputs inputs_with_rows_per_expert(uint64_t seed, const MoeConfig& c, const 
   return in;
 }
 
-// Sets an environment variable for one scope (the backends read MEGAMOE_MEGA_OWN_GATE_UP when they are made).
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
+// ScopedEnv (common/scoped_overrides.h): the backends read MEGAMOE_MEGA_OWN_GATE_UP when they are made.
 
 // The fused kernel's FP8 GEMM 1 on the ONE W13 in staged's packing (kGateUpInterleaved8, docs/mega.md "One W13")
 // at 0 / 1 / 8 / 16 / 32 / 33 rows per expert (spread epilogue up to 32 rows, the rows epilogue with the amax
@@ -225,7 +220,7 @@ TEST_P(MegaSingle, OneW13RowsPerExpertMatchStagedAndOwnGateUp) {
 TEST_P(MegaSingle, W4a8Gemm1V10LayersMatchTheOldPacking) {
   if (GetParam() != WeightFormat::kNvfp4 && GetParam() != WeightFormat::kMxfp4) GTEST_SKIP() << "W4A8 only";
   auto group = single_rank_group();
-  const ScopedW4a8Gemm1Switch restore;
+  const ScopedSwitch restore(kernels::w4a8_g1_v10, kernels::set_w4a8_g1_v10);
   const std::vector<std::vector<int>> calls = {
       {1, 0, 3, 2, 5, 4, 7, 6},          {8, 8, 8, 8, 8, 8, 8, 8},         {0, 1, 8, 64, 65, 100, 2, 0},
       {64, 64, 64, 64, 64, 64, 64, 64},  {65, 65, 65, 65, 65, 65, 65, 65}, {33, 64, 65, 100, 128, 129, 0, 1},
