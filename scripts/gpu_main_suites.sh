@@ -5,7 +5,8 @@
 #   source scripts/use_prebuilt.sh main && OUT=$OUT bash scripts/gpu_main_suites.sh
 # Steps: the whole one-GPU suite (sharded over both GPUs); bench layer FP8 on 2 ranks, staged + mega: dsv3 at 128 / 2048
 # / 8192 tokens (two rounds), bench ep 4096 / 8192, ms4 and qwen3-30b (one round); the whole 2-rank suite
-# (MULTI_LIMIT s, default 270: it took 239 s in session 16 call 1). Last a table.
+# (MULTI_LIMIT s, default 270: it took 239 s in session 16 call 1); then, as the budget allows, dsv3 nvfp4 on 2 ranks
+# at 128 / 8192 tokens. Last a table.
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
 B=${PREBUILT:?source scripts/use_prebuilt.sh main first}; T=$B/tests
@@ -28,6 +29,9 @@ for model in ms4 qwen3-30b; do
 done
 clock_sampler_stop
 step test_multigpu "${MULTI_LIMIT:-270}" env MEGAMOE_TEST_RANKS=2 "$T/megamoe_tests_multigpu"
+# What the budget leaves: issue 5's W4A8 rows (dsv3 nvfp4, W13 interleaved by default since session 19).
+step layer_dsv3nvfp4_1 60 "$B/megamoe" bench layer --backend staged,mega --ranks 2 \
+  --preset dsv3 --format nvfp4 --tokens 128,8192 --iters 5 --json "$logs/layer_dsv3nvfp4_1.json"
 print_test_counts
 python3 - "$logs" <<'PY'
 import json, os, sys
@@ -40,7 +44,7 @@ for f in sorted(os.listdir(d)):
         ph = r.get("phases_us") or {}
         tag = "%d" % r["median_us"] + (" (g1 %d g2 %d)" % (ph.get("gemm1", 0), ph.get("gemm2", 0)) if ph else "")
         res.setdefault((model, r.get("tokens"), r.get("backend")), []).append(tag)
-print("layer fp8, 2 ranks, rank-0 median us per round")
+print("layer (fp8 unless the case name says nvfp4), 2 ranks, rank-0 median us per round")
 for k in sorted(res): print("%-10s %6s %-18s %s" % (k[0], k[1], k[2], "  ".join(res[k])))
 PY
 print_clock_table
