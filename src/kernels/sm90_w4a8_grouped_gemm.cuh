@@ -328,8 +328,8 @@ __device__ __forceinline__ void w4a8_promote_gate_up_groups(float (&accumulator)
 // kInterleaved (default Layout::kGateUpInterleaved8; the fused kernel's GEMM-2 tiles pass false), W13 packed
 // GemmRole::kGateUpInterleaved8 (docs/grouped_gemm.md "W4A8 2-warpgroup GEMM 1 on interleaved W13 (session 19)"):
 // packed tile column 128 h + 16 p + c (c < 8) is gate row 64 h + 8 p + c of the tile's gate block (canonical block
-// 2 n_tile), + 8 the up row (block 2 n_tile + 1) (sm90_w4a8_v10_gemm1.cuh NOTES), so math warpgroup w's 128 packed columns (h = w) hold gate (even 8-column groups j) AND up (odd j) of the outputs
-// 64 w .. 64 w + 63. Thread t decodes its packed row t with that row's own block record (gate for (t / 8) % 2 == 0,
+// 2 n_tile), + 8 the up row (block 2 n_tile + 1) (sm90_w4a8_v10_gemm1.cuh NOTES), so math warpgroup w's 128 packed
+// columns (h = w) hold gate (even 8-column groups j) AND up (odd j) of the outputs 64 w .. 64 w + 63. Thread t decodes its packed row t with that row's own block record (gate for (t / 8) % 2 == 0,
 // up otherwise); the promotion scales are fl(a_scale * gate factor) on even j, fl(a_scale * up factor) on odd j.
 // Both records come from the scale slot (shared scales: [kBlockM + 0, 1] gate, [kBlockM + 2, 3] up, as kGateUp's
 // two warpgroups' records) or from global memory (blocks = the gate block's k_blocks records, the up block's at

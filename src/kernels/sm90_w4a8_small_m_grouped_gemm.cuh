@@ -339,8 +339,9 @@ __global__ void __launch_bounds__(kW4a8SmallThreadsPerCta, 1)
       // warpgroups); the amax slots [parity][warpgroup][row] at Layout::kAmaxOffset.
       float (&as_sub_tiles)[1][32] = *reinterpret_cast<float (*)[1][32]>(&accumulator);
       w4a8_interleaved_swiglu_epilogue<1, 32, kW4a8SmallMathWarpgroups, false>(
-          as_sub_tiles, smem.row_amax + parity * (kW4a8SmallMathWarpgroups * kBlockM), math_wg, where, kW4a8SmallAmaxBarrier, t.n_tile, params.n / 2, params.topk_weights,
-          static_cast<uint8_t*>(params.out), params.out_scales, params.activation, params.limit, params.alpha);
+          as_sub_tiles, smem.row_amax + parity * (kW4a8SmallMathWarpgroups * kBlockM), math_wg, where,
+          kW4a8SmallAmaxBarrier, t.n_tile, params.n / 2, params.topk_weights, static_cast<uint8_t*>(params.out),
+          params.out_scales, params.activation, params.limit, params.alpha);
       parity ^= 1u;
     } else {
       w4a8_small_m_swiglu_epilogue<Layout>(accumulator, smem, math_wg, where, warp_has_rows, t.n_tile, params.n / 2,
