@@ -361,7 +361,7 @@ void set_w4a8_v10(int enabled);
 // per process; set_w4a8_g1_v10(0 | 1) overrides it. `megamoe bench gemm` follows it, and so does
 // staged_gate_up_packing (moe/staged_pipeline.h): the staged backend's W13 and mega's one W13 (its fused W4A8 GEMM 1
 // reads either packing); a layer reads it when it is made (docs/grouped_gemm.md "W4A8 2-warpgroup GEMM 1 on
-// interleaved W13: outcome").
+// interleaved W13 and the v10 GEMM 1 TMA store: outcome").
 int w4a8_g1_v10();
 void set_w4a8_g1_v10(int enabled);
 GemmRole w4a8_gemm1_packing();
