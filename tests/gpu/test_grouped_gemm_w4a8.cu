@@ -276,6 +276,15 @@ double e4m3_ulp(double magnitude) {
   return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(magnitude))) - 3);
 }
 
+// Per-row top-k weights in [0.05, 1) for the GEMM-1 comparisons (rows = the problem's capacity).
+std::vector<float> random_topk_weights(int64_t rows, uint64_t seed) {
+  std::vector<float> topk(rows);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
+  for (auto& t : topk) t = weight(rng);
+  return topk;
+}
+
 // Returns the codes and scales (for comparisons between kernel variants on the same inputs).
 std::pair<std::vector<uint8_t>, std::vector<float>> run_gemm1(WeightFormat format, const std::vector<int>& counts,
                                                               int hidden, int intermediate, uint64_t seed,
@@ -289,10 +298,7 @@ std::pair<std::vector<uint8_t>, std::vector<float>> run_gemm1(WeightFormat forma
     for (auto& s : p.a_scales) s *= 6.0f;
   SCOPED_TRACE(describe(p, seed) + " hint " + std::to_string(rows_hint) +
                (role == kernels::GemmRole::kGateUpInterleaved8 ? " interleaved8" : ""));
-  std::vector<float> topk(p.capacity);
-  std::mt19937_64 rng(seed + 1);
-  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
-  for (auto& t : topk) t = weight(rng);
+  const std::vector<float> topk = random_topk_weights(p.capacity, seed + 1);
   const PackedDevice w = pack(p, role);
   DeviceBuffer a(p.a), a_scales(p.a_scales), offsets(p.offsets), topk_d(topk);
   DeviceBuffer out(p.capacity * intermediate), out_scales(p.capacity * (intermediate / 128) * sizeof(float));
@@ -701,15 +707,6 @@ int expect_gemm1_bytes_equal(const W4a8Problem& p, int intermediate, const std::
                                : " (scales)");
   EXPECT_EQ(unpoisoned, 0) << "codes written in rows of no expert";
   return 1;
-}
-
-// Per-row top-k weights in [0.05, 1) for the GEMM-1 comparisons (rows = the problem's capacity).
-std::vector<float> random_topk_weights(int64_t rows, uint64_t seed) {
-  std::vector<float> topk(rows);
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> weight(0.05f, 1.0f);
-  for (auto& t : topk) t = weight(rng);
-  return topk;
 }
 
 // The case loop of the interleaved-vs-kGateUp GEMM-1 byte comparisons: decoders old and auto, SiLU without top-k and
