@@ -43,6 +43,14 @@ void launch_v11_kernel(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   if constexpr (Layout::kOutMapRows > 0)
     out_map = make_byte_tensor_map(params.out, Layout::out_row_bytes(params.n), params.m_capacity, 128,
                                    Layout::kOutMapRows, CU_TENSOR_MAP_SWIZZLE_128B);
+  // Layout::kTmaBScales: the B scales [num_experts x n / 128 rows][k / 128] fp32 as bytes, boxes of 16 bytes (4
+  // k-blocks) x 2 rows (GEMM 1: gate, up; GEMM 2: the tile's two blocks), no swizzle, rows past the end read as zeros
+  // (the kernels' "TMA B scales" NOTES). Otherwise an unused copy of the A map.
+  CUtensorMap b_scale_map = a_map;
+  if constexpr (Layout::kTmaBScales)
+    b_scale_map = make_byte_tensor_map(params.b_scales, static_cast<uint64_t>(params.k / 128) * 4,
+                                       static_cast<uint64_t>(params.num_experts) * (params.n / 128),
+                                       Layout::kBScaleBoxBytes / 2, 2, CU_TENSOR_MAP_SWIZZLE_NONE);
   const int shared_bytes = Layout::shared_bytes(params.num_experts);
   auto* kernel = kKernel;
   MEGAMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
@@ -51,10 +59,10 @@ void launch_v11_kernel(const uint8_t* a, const uint8_t* weights, const sm90::Gro
   if constexpr (kCluster) {
     static std::array<std::atomic<int>, kClusterGridDevices> grids{};  // per device, this instantiation
     launch_cluster_kernel(kernel, cluster_grid(kernel, shared_bytes, grids), shared_bytes, stream, a_map, b_map,
-                          scale_map, out_map, ordered);
+                          scale_map, out_map, b_scale_map, ordered);
   } else {
     kernel<<<grouped_gemm_sm_count(), sm90::kThreadsPerCta, shared_bytes, stream>>>(a_map, b_map, scale_map, out_map,
-                                                                                     ordered);
+                                                                                     b_scale_map, ordered);
     MEGAMOE_LAUNCH_CHECK();
   }
 }

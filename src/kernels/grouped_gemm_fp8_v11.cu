@@ -16,16 +16,16 @@ namespace {
 
 // kCluster (MEGAMOE_GEMM_CLUSTER=1): clusters of 2 CTAs share each B tile by TMA multicast (docs/grouped_gemm.md
 // "v11 clusters"); B is loaded in kBlockN / 2-row parts.
-template <int kBlockN, bool kTmaScales, bool kCluster>
+template <int kBlockN, bool kTmaScales, bool kCluster, bool kTmaBScales = false>
 void launch_wide(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params, cudaStream_t stream) {
-  using Layout = sm90::WideFp8Layout<kBlockN, kTmaScales, kCluster ? 2 : 1>;
+  using Layout = sm90::WideFp8Layout<kBlockN, kTmaScales, kCluster ? 2 : 1, kTmaBScales>;
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "v11 layout overflows 227 KiB of shared memory at kMaxExperts");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % 128 == 0,
                 "v11 bulk-store epilogue: out must be 16-byte aligned and n = ", params.n, " a multiple of 128");
   // B in kBlockN-row boxes (kCluster: each CTA loads kBBlockRows = kBlockN / 2 of them).
-  launch_v11_kernel<&sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN, kTmaScales, kCluster>, Layout, kTmaScales,
-                    kCluster>(a, weights, params, stream);
+  launch_v11_kernel<&sm90::sm90_fp8_wide_grouped_gemm_kernel<kBlockN, kTmaScales, kCluster, kTmaBScales>, Layout,
+                    kTmaScales, kCluster>(a, weights, params, stream);
 }
 
 // One or two CTAs per cluster (one instantiation each).
@@ -34,8 +34,17 @@ void launch_wide_cluster_switch(const uint8_t* a, const uint8_t* weights, const 
                                 cudaStream_t stream) {
   // MEGAMOE_GEMM_CLUSTER=1: clusters of 2 sharing B by multicast (docs/grouped_gemm.md "v11 clusters"; default
   // prefer_fp8_gemm2_cluster: off, measured slower). Same outputs bit for bit either way.
-  if (env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm2_cluster(params.k)))
-    launch_wide<kBlockN, kTmaScales, true>(a, weights, params, stream);
+  const bool cluster = env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm2_cluster(params.k));
+  // MEGAMOE_FP8_V11_TMA_BSCALES=1 (default off): the B block scales by TMA with the A-scale boxes, no scale warp
+  // (the kernel's "TMA B scales" NOTES); TMA A scales and 16-byte aligned B scales only. Same outputs bit for bit.
+  if constexpr (kTmaScales) {
+    if (env_switch("MEGAMOE_FP8_V11_TMA_BSCALES", false) && reinterpret_cast<uintptr_t>(params.b_scales) % 16 == 0) {
+      if (cluster) launch_wide<kBlockN, true, true, true>(a, weights, params, stream);
+      else launch_wide<kBlockN, true, false, true>(a, weights, params, stream);
+      return;
+    }
+  }
+  if (cluster) launch_wide<kBlockN, kTmaScales, true>(a, weights, params, stream);
   else launch_wide<kBlockN, kTmaScales, false>(a, weights, params, stream);
 }
 

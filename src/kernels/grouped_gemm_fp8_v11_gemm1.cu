@@ -16,17 +16,17 @@ namespace {
 
 // kCluster (MEGAMOE_GEMM_CLUSTER=1, 128 x 256 only): clusters of 2 CTAs share each B tile by TMA multicast
 // (docs/grouped_gemm.md "v11 clusters"); B is loaded in 128-row parts.
-template <bool kTmaScales, int kBlockM, bool kCluster = false>
+template <bool kTmaScales, int kBlockM, bool kCluster = false, bool kTmaBScales = false>
 void launch_wide_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::GroupedGemmParams& params,
                        cudaStream_t stream) {
-  using Layout = sm90::WideGemm1Layout<kTmaScales, kBlockM, kCluster ? 2 : 1>;
+  using Layout = sm90::WideGemm1Layout<kTmaScales, kBlockM, kCluster ? 2 : 1, kTmaBScales>;
   static_assert(Layout::shared_bytes(sm90::kMaxExperts) <= sm90::kSharedBytesPerCta,
                 "v11 GEMM-1 layout overflows 227 KiB of shared memory at kMaxExperts");
   MEGAMOE_CHECK(reinterpret_cast<uintptr_t>(params.out) % 16 == 0 && params.n % Layout::kBlockN == 0,
                 "v11 GEMM 1: out must be 16-byte aligned and n = ", params.n, " a multiple of 256");
   // B in 256-row boxes over all experts' packed rows (kCluster: 128-row parts).
-  launch_v11_kernel<&sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales, kBlockM, kCluster>, Layout, kTmaScales, kCluster>(
-      a, weights, params, stream);
+  launch_v11_kernel<&sm90::sm90_fp8_wide_gemm1_kernel<kTmaScales, kBlockM, kCluster, kTmaBScales>, Layout, kTmaScales,
+                    kCluster>(a, weights, params, stream);
 }
 
 }  // namespace
@@ -42,7 +42,14 @@ void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::
   // The 128 x 256 tile in clusters of 2 (docs/grouped_gemm.md "v11 clusters"; default prefer_fp8_gemm1_cluster, i.e.
   // K >= 4096; MEGAMOE_GEMM_CLUSTER=0|1 overrides; the small tile has no cluster form). Same outputs bit for bit.
   const bool cluster = !small && env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm1_cluster(params.k));
-  if (small) {
+  // B scales by TMA with the A-scale boxes (MEGAMOE_FP8_GEMM1_TMA_BSCALES, default off; the "TMA B scales" NOTES of
+  // sm90_fp8_wide_gemm1_kernel): 128 x 256 tiles with TMA A scales, 16-byte aligned B scales. Same outputs bit for bit.
+  const bool tma_b_scales = !small && tma_scales && env_switch("MEGAMOE_FP8_GEMM1_TMA_BSCALES", false) &&
+                            reinterpret_cast<uintptr_t>(params.b_scales) % 16 == 0;
+  if (tma_b_scales) {
+    if (cluster) launch_wide_gemm1<true, 128, true, true>(a, weights, params, stream);
+    else launch_wide_gemm1<true, 128, false, true>(a, weights, params, stream);
+  } else if (small) {
     if (tma_scales) launch_wide_gemm1<true, 64>(a, weights, params, stream);
     else launch_wide_gemm1<false, 64>(a, weights, params, stream);
   } else if (cluster) {

@@ -59,11 +59,17 @@ namespace megamoe::kernels::sm90 {
 // per-row amax exchange ([2 tile parities][2 math warpgroups][64 rows] floats, 1 KiB) after the scales.
 // kClusterSizeValue 2: the cluster kernel (MEGAMOE_GEMM_CLUSTER=1, 128 x 256 only; docs/grouped_gemm.md "v11
 // clusters"): same layout, `empty` counts both CTAs' math warps, B arrives in two multicast 128-row parts.
-template <bool kTmaScalesValue, int kBlockMValue = 128, int kClusterSizeValue = 1>
+// kTmaBScalesValue (MEGAMOE_FP8_GEMM1_TMA_BSCALES; kTmaScales and 128 x 256 only; "TMA B scales" NOTES above the
+// kernel): the tile's gate / up block scales of each 4-k-block group ride in a 32-byte TMA box next to the A-scale
+// group box (kBScaleRingOffset, one 128-byte slot per A-scale group slot); no scale warp, `full` counts 1 arrival.
+template <bool kTmaScalesValue, int kBlockMValue = 128, int kClusterSizeValue = 1, bool kTmaBScalesValue = false>
 struct WideGemm1Layout {
   static_assert(kBlockMValue == 128 || kBlockMValue == 64, "128 x 256 (split-M) or 64 x 256 (split-N small)");
   static_assert(kClusterSizeValue == 1 || (kClusterSizeValue == 2 && kBlockMValue == 128),
                 "v11 GEMM-1 clusters: pairs of 128 x 256 tiles");
+  static_assert(!kTmaBScalesValue || (kTmaScalesValue && kBlockMValue == 128),
+                "TMA B scales: with TMA A scales, 128 x 256 tiles");
+  static constexpr bool kTmaBScales = kTmaBScalesValue;
   static constexpr int kBlockM = kBlockMValue;
   static constexpr int kBlockN = 256;  // packed gate/up columns: 128 outputs
   static constexpr int kClusterSize = kClusterSizeValue;
@@ -74,7 +80,8 @@ struct WideGemm1Layout {
   static constexpr int kOutMapRows = kTmaRowStore ? 16 : 0;
   static constexpr uint64_t out_row_bytes(int n) { return static_cast<uint64_t>(n) / 2; }
   static constexpr int kStageCount = 4;
-  static constexpr bool kScalesInShared = true;
+  // Fp8GemmShared::init_barriers: `full` takes the scale warp's 32 cp.async arrivals unless the B scales come by TMA.
+  static constexpr bool kScalesInShared = !kTmaBScalesValue;
   static constexpr bool kTmaScales = kTmaScalesValue;
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
@@ -105,7 +112,13 @@ struct WideGemm1Layout {
   static constexpr int kAScaleRingBytes = kTmaScales ? kAScaleGroups * kAScaleGroupBytes : 0;
   static constexpr int kScaleFloats = kTmaScales ? 2 : kBlockM + 2;
   static constexpr int kBScaleIndex = kTmaScales ? 0 : kBlockM;  // [+0] gate block, [+1] up block
-  static constexpr int kScalesOffset = kAScaleRingOffset + kAScaleRingBytes;
+  // kTmaBScales: per A-scale group slot one 128-byte slot (TMA destination alignment) holding [gate, up][4 k-blocks]
+  // fp32 (32 bytes: one box of the B-scale map, 16 bytes x 2 rows).
+  static constexpr int kBScaleSlotBytes = 128;
+  static constexpr int kBScaleBoxBytes = 2 * kScaleGroupKBlocks * 4;
+  static constexpr int kBScaleRingOffset = kAScaleRingOffset + kAScaleRingBytes;
+  static constexpr int kBScaleRingBytes = kTmaBScales ? kAScaleGroups * kBScaleSlotBytes : 0;
+  static constexpr int kScalesOffset = kBScaleRingOffset + kBScaleRingBytes;
   static constexpr int kScalesBytes = (kStageCount * kScaleFloats * 4 + 15) / 16 * 16;
   static constexpr int kAmaxOffset = kScalesOffset + kScalesBytes;
   static constexpr int kAmaxBytes = kBlockM == 64 ? 2 * kMathWarpgroups * 64 * 4 : 0;
@@ -120,12 +133,12 @@ struct WideGemm1Layout {
 // wait and advances stage / phase. kHalves = 1 (the small tile): only the group of the n-half b_low points at
 // (the caller offsets b_low by its warpgroup's 128 packed rows), with the same promotion (gate scale on even
 // 8-column groups j, up scale on odd: every n-half has the same interleave).
+// wide_gemm1_kblock_scaled: the same with the gate / up B scales given (kTmaBScales: from the B-scale ring).
 template <class Layout, int kHalves = 2>
-__device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[kHalves][64], float (&partial)[64],
-                                                  const Fp8GemmShared<Layout>& smem, const float* slot,
-                                                  float scale_a0, float scale_a1, uint32_t a_low, uint32_t b_low,
-                                                  int& stage, uint32_t& phase) {
-  const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
+__device__ __forceinline__ void wide_gemm1_kblock_scaled(float (&accumulator)[kHalves][64], float (&partial)[64],
+                                                         const Fp8GemmShared<Layout>& smem, float scale_b0,
+                                                         float scale_b1, float scale_a0, float scale_a1,
+                                                         uint32_t a_low, uint32_t b_low, int& stage, uint32_t& phase) {
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) {
     wgmma_group_m64n128_e4m3(partial, a_low, b_low + ((128 * h * kBlockK) >> 4));
@@ -151,6 +164,16 @@ __device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[kHalves][
   }
 }
 
+template <class Layout, int kHalves = 2>
+__device__ __forceinline__ void wide_gemm1_kblock(float (&accumulator)[kHalves][64], float (&partial)[64],
+                                                  const Fp8GemmShared<Layout>& smem, const float* slot,
+                                                  float scale_a0, float scale_a1, uint32_t a_low, uint32_t b_low,
+                                                  int& stage, uint32_t& phase) {
+  const float scale_b0 = slot[Layout::kBScaleIndex], scale_b1 = slot[Layout::kBScaleIndex + 1];
+  wide_gemm1_kblock_scaled<Layout, kHalves>(accumulator, partial, smem, scale_b0, scale_b1, scale_a0, scale_a1, a_low,
+                                            b_low, stage, phase);
+}
+
 // The K loop of one tile for one math warpgroup (zeroes `accumulator`); stage / phase / scale_slot: the
 // ring cursors (warp-uniform, carried across tiles); a_descriptor0 / b_descriptor0: stage-0 descriptor
 // words of this warpgroup's A rows and the B tile; scale_row: this thread's first fragment row in the tile.
@@ -172,18 +195,32 @@ __device__ __forceinline__ void wide_gemm1_tile_mainloop(float (&accumulator)[kH
 #pragma unroll 1
     for (int group = 0; group < k_blocks / kGroupKBlocks; ++group) {
       float4 scales_a0, scales_a1;
+      float4 gate_scales, up_scales;  // kTmaBScales: the group's [gate, up][4 k-blocks] B scales
 #pragma unroll
       for (int j = 0; j < kGroupKBlocks; ++j) {
         barrier_wait(&smem.full[stage], phase);
         if (j == 0) {
           scales_a0 = ring_row[scale_slot * Layout::kBlockM];
           scales_a1 = ring_row[scale_slot * Layout::kBlockM + 8];
+          if constexpr (Layout::kTmaBScales) {
+            const float4* const b_slot = reinterpret_cast<const float4*>(
+                smem.a_tiles + Layout::kBScaleRingOffset + scale_slot * Layout::kBScaleSlotBytes);
+            gate_scales = b_slot[0];
+            up_scales = b_slot[1];
+          }
           scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
         }
-        const float* slot = smem.scales + stage * Layout::kScaleFloats;
-        wide_gemm1_kblock<Layout, kHalves>(accumulator, partial, smem, slot, float4_lane(scales_a0, j),
-                                  float4_lane(scales_a1, j), a_descriptor0 + stage * (Layout::kABytes >> 4),
-                                  b_descriptor0 + stage * (Layout::kBBytes >> 4), stage, phase);
+        if constexpr (Layout::kTmaBScales) {
+          wide_gemm1_kblock_scaled<Layout, kHalves>(
+              accumulator, partial, smem, float4_lane(gate_scales, j), float4_lane(up_scales, j),
+              float4_lane(scales_a0, j), float4_lane(scales_a1, j), a_descriptor0 + stage * (Layout::kABytes >> 4),
+              b_descriptor0 + stage * (Layout::kBBytes >> 4), stage, phase);
+        } else {
+          const float* slot = smem.scales + stage * Layout::kScaleFloats;
+          wide_gemm1_kblock<Layout, kHalves>(accumulator, partial, smem, slot, float4_lane(scales_a0, j),
+                                    float4_lane(scales_a1, j), a_descriptor0 + stage * (Layout::kABytes >> 4),
+                                    b_descriptor0 + stage * (Layout::kBBytes >> 4), stage, phase);
+        }
       }
     }
   } else {
@@ -279,14 +316,31 @@ __device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout
 // pairs of m-tiles of one expert and n-tile sharing the B tile by multicast halves, lone units for an odd last
 // m-tile): the scheme, barrier protocol and invariants of sm90_fp8_wide_grouped_gemm_kernel's kCluster NOTES,
 // unchanged (wide_produce_tile_cluster, wide_release_stage, the start / exit cluster barriers).
-template <bool kTmaScales, int kBlockMValue = 128, bool kCluster = false>
+//
+// TMA B scales (kTmaBScales, MEGAMOE_FP8_GEMM1_TMA_BSCALES; with kTmaScales, 128 x 256 tiles, plain or clusters):
+// b_scale_map views params.b_scales [num_experts x n / 128 rows][k / 128] fp32 (as bytes), boxes of 16 bytes x 2
+// rows: the tile's gate row (b_row / 128 = expert x n / 128 + 2 n_tile) and up row, 4 k-blocks. The TMA producer
+// loads that box with every A-scale group box (into Layout::kBScaleRingOffset + slot x 128), and counts its 32 bytes
+// in the stage's expect; the math warps read it at the group's first k-block with the A scales. Warp 1 then has no
+// per-stage work (the tile table only) and `full` takes 1 arrival (Layout::kScalesInShared = false).
+// NOTES:
+// - Ring reuse: the B slot is the A-scale group slot's twin (same index, same producer instruction stream, same
+//   `full`), so the A-scale ring argument (wide_produce_tile_tma_scales NOTES: 4 R >= kStages) covers it: the math
+//   warps read both slots at the group's first k-block, before that k-block's release, and the producer refills the
+//   slot only after that release.
+// - Same floats as the scale warp's cp.async copies, the same products (scale_a x scale_b) in the same order:
+//   outputs bit-identical to kTmaBScales = false.
+// - Clusters: each CTA loads the B scales of its own tile (pairs share n_tile; lone units have one each); a CTA without
+//   a tile loads none (no scale box, as for the A scales).
+template <bool kTmaScales, int kBlockMValue = 128, bool kCluster = false, bool kTmaBScales = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_gemm1_kernel(const __grid_constant__ CUtensorMap a_map, const __grid_constant__ CUtensorMap b_map,
                                const __grid_constant__ CUtensorMap scale_map,
                                const __grid_constant__ CUtensorMap out_map,
+                               const __grid_constant__ CUtensorMap b_scale_map,
                                const GroupedGemmParams params) {
   static_assert(!kCluster || kBlockMValue == 128, "clusters: the 128 x 256 tile");
-  using Layout = WideGemm1Layout<kTmaScales, kBlockMValue, kCluster ? 2 : 1>;
+  using Layout = WideGemm1Layout<kTmaScales, kBlockMValue, kCluster ? 2 : 1, kTmaBScales>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kBlockN = Layout::kBlockN;
   constexpr int kStages = Layout::kStageCount;
@@ -299,6 +353,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
   const auto [cta_rank, first_unit, unit_step] = wide_unit_walk<kCluster>();
   wide_start<kTmaScales>(smem, &a_map, &b_map, &scale_map);
+  if constexpr (kTmaBScales)
+    if (threadIdx.x == 0) prefetch_tensor_map(&b_scale_map);
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = params.n / kBlockN;
   const int n_blocks = params.n / 128;
@@ -309,7 +365,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   constexpr uint32_t kMathRegs = kCluster ? 232 : 240;
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
-    if (warp == 1) {  // the scale warp: (A scales,) the tile's gate block 2 n_tile and up block 2 n_tile + 1
+    if (warp == 1 && !kTmaBScales) {  // the scale warp: (A scales,) the tile's gate block 2 n_tile and up block 2 n_tile + 1
       PipelineCursor<kStages> cursor;
       int expert = 0;
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
@@ -332,7 +388,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         // n % 256 == 0: a B part never starts past the last expert's rows (never moved).
         wide_produce_tile<kTmaScales, kCluster>(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
                                                 params.num_experts * params.n, where.shared_b, cta_rank, k_blocks,
-                                                cursor, scale_slot);
+                                                cursor, scale_slot, &b_scale_map, b_row / 128);
       }
     }
   } else {

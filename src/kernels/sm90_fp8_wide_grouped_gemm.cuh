@@ -56,16 +56,21 @@ namespace megamoe::kernels::sm90 {
 // limit is 232,448 B).
 // kClusterSizeValue: 1, or 2 for the cluster kernel (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters"):
 // same layout, `empty` counts the math warps of both CTAs, B arrives in two multicast halves.
-template <int kBlockNValue, bool kTmaScalesValue = false, int kClusterSizeValue = 1>
+// kTmaBScalesValue (MEGAMOE_FP8_V11_TMA_BSCALES, with kTmaScales; "TMA B scales" below): the tile's two B block
+// scale rows of each 4-k-block group in a 32-byte TMA box next to the A-scale group box; no scale warp.
+template <int kBlockNValue, bool kTmaScalesValue = false, int kClusterSizeValue = 1, bool kTmaBScalesValue = false>
 struct WideFp8Layout {
   static_assert(kBlockNValue == 128 || kBlockNValue == 192, "v11 tiles: 128 x 128 or 128 x 192");
   static_assert(kClusterSizeValue == 1 || kClusterSizeValue == 2, "v11 clusters: 1 or 2 CTAs");
+  static_assert(!kTmaBScalesValue || kTmaScalesValue, "TMA B scales: with TMA A scales");
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = kBlockNValue;
   static constexpr int kClusterSize = kClusterSizeValue;
   static constexpr int kStageCount = kBlockN == 128 ? 6 : 4;
-  static constexpr bool kScalesInShared = true;
+  // Fp8GemmShared::init_barriers: `full` takes the scale warp's 32 cp.async arrivals unless the B scales come by TMA.
+  static constexpr bool kScalesInShared = !kTmaBScalesValue;
   static constexpr bool kTmaScales = kTmaScalesValue;
+  static constexpr bool kTmaBScales = kTmaBScalesValue;
   static constexpr int kABytes = kBlockM * kBlockK;
   static constexpr int kBBytes = kBlockN * kBlockK;
   static constexpr int kTilesBytes = kStageCount * (kABytes + kBBytes);
@@ -97,7 +102,13 @@ struct WideFp8Layout {
   static constexpr int kAScaleRingBytes = kTmaScales ? kAScaleGroups * kAScaleGroupBytes : 0;
   static constexpr int kScaleFloats = kTmaScales ? 2 : kBlockM + 2;
   static constexpr int kBScaleIndex = kTmaScales ? 0 : kBlockM;  // [kBScaleIndex + {0, 1}] of a stage's slot
-  static constexpr int kScalesOffset = kAScaleRingOffset + kAScaleRingBytes;
+  // kTmaBScales: per A-scale group slot one 128-byte slot (TMA destination alignment) holding [block0, block0 + 1]
+  // [4 k-blocks] fp32 (32 bytes: one box of the B-scale map, 16 bytes x 2 rows).
+  static constexpr int kBScaleSlotBytes = 128;
+  static constexpr int kBScaleBoxBytes = 2 * kScaleGroupKBlocks * 4;
+  static constexpr int kBScaleRingOffset = kAScaleRingOffset + kAScaleRingBytes;
+  static constexpr int kBScaleRingBytes = kTmaBScales ? kAScaleGroups * kBScaleSlotBytes : 0;
+  static constexpr int kScalesOffset = kBScaleRingOffset + kBScaleRingBytes;
   static constexpr int kScalesBytes = (kStageCount * kScaleFloats * 4 + 15) / 16 * 16;
   static constexpr int kBarrierOffset = kScalesOffset + kScalesBytes;
   static constexpr int kTableOffset = kBarrierOffset + 2 * kStageCount * 8;
@@ -197,7 +208,8 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop(float (&accumulator)[Layo
 //   rows by 0, which is not a guarantee of finiteness either: 0 x NaN), never stored (the epilogue copies
 //   rows < m_end only) and rows do not mix (promotion, epilogue are per row). Valid rows read the same
 //   floats as the cp.async path and the FFMA sequence is unchanged: bit-identical outputs.
-// - B scales stay on the scale warp (2 per stage, [kBScaleIndex + {0, 1}]; `full` keeps 1 + 32 arrivals).
+// - B scales stay on the scale warp (2 per stage, [kBScaleIndex + {0, 1}]; `full` keeps 1 + 32 arrivals), unless
+//   kTmaBScales: then a 16-byte x 2-row box of them rides with each A-scale group box (the kernels' "TMA B scales").
 
 // Component `lane` of v (lane a constant after unrolling: folds to a register, no local memory).
 __device__ __forceinline__ float float4_lane(const float4& v, int lane) {
@@ -211,22 +223,32 @@ __device__ __forceinline__ void wide_produce_tile_tma_scales(const Fp8GemmShared
                                                              const CUtensorMap* scale_map, int m0, int m_end,
                                                              int b_row, int k_blocks,
                                                              PipelineCursor<Layout::kStageCount>& cursor,
-                                                             int& scale_slot) {
+                                                             int& scale_slot, const CUtensorMap* b_scale_map = nullptr,
+                                                             int b_scale_row = 0) {
   static_assert(Layout::kBlockM % kATrimRows == 0, "whole 64-row chunks");
   constexpr int kChunkBytes = kATrimRows * kBlockK;
+  constexpr bool kTmaBScales = Layout::kTmaBScales;
   uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
   const int chunks = min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows);
   for (int kb = 0; kb < k_blocks; ++kb) {
     const bool group = kb % Layout::kScaleGroupKBlocks == 0;
     barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
-    barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
-                                                              (group ? Layout::kAScaleGroupBytes : 0));
+    if constexpr (kTmaBScales)
+      barrier_arrive_expect_bytes(&smem.full[cursor.stage],
+                                  chunks * kChunkBytes + Layout::kBBytes +
+                                      (group ? Layout::kAScaleGroupBytes + Layout::kBScaleBoxBytes : 0));
+    else
+      barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
+                                                                (group ? Layout::kAScaleGroupBytes : 0));
     uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
     for (int c = 0; c < chunks; ++c)
       tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
     tma_load_2d(smem.b_tiles + cursor.stage * Layout::kBBytes, b_map, kb * kBlockK, b_row, &smem.full[cursor.stage]);
     if (group) {
       tma_load_2d(ring + scale_slot * Layout::kAScaleGroupBytes, scale_map, kb * 4, m0, &smem.full[cursor.stage]);
+      if constexpr (kTmaBScales)
+        tma_load_2d(smem.a_tiles + Layout::kBScaleRingOffset + scale_slot * Layout::kBScaleSlotBytes, b_scale_map,
+                    kb * 4, b_scale_row, &smem.full[cursor.stage]);
       scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
     }
     cursor.advance();
@@ -268,19 +290,32 @@ __device__ __forceinline__ void wide_fp8_tile_mainloop_tma_scales(float (&accumu
 #pragma unroll 1
   for (int group = 0; group < k_blocks / kGroupKBlocks; ++group) {
     float4 scales_a0, scales_a1;
+    float4 scales_b0, scales_b1;  // kTmaBScales: the group's [block0, block0 + 1][4 k-blocks] B scales
 #pragma unroll
     for (int j = 0; j < kGroupKBlocks; ++j) {
       barrier_wait(&smem.full[stage], phase);
       if (j == 0) {
         scales_a0 = ring_row[scale_slot * Layout::kBlockM];
         scales_a1 = ring_row[scale_slot * Layout::kBlockM + 8];
+        if constexpr (Layout::kTmaBScales) {
+          const float4* const b_slot = reinterpret_cast<const float4*>(smem.a_tiles + Layout::kBScaleRingOffset +
+                                                                       scale_slot * Layout::kBScaleSlotBytes);
+          scales_b0 = b_slot[0];
+          scales_b1 = b_slot[1];
+        }
         scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
       }
-      const float* slot = smem.scales + stage * Layout::kScaleFloats + Layout::kBScaleIndex;
       const float scale_a0 = float4_lane(scales_a0, j), scale_a1 = float4_lane(scales_a1, j);
-      const float scale_b0 = slot[0], scale_b1 = slot[1];
-      wide_fp8_kblock<Layout, kFormerGroups>(accumulator, partial, smem, a_descriptor0, b_descriptor0, scale_a0, scale_a1,
-                                            scale_b0, scale_b1, stage, phase);
+      if constexpr (Layout::kTmaBScales) {
+        wide_fp8_kblock<Layout, kFormerGroups>(accumulator, partial, smem, a_descriptor0, b_descriptor0, scale_a0,
+                                              scale_a1, float4_lane(scales_b0, j), float4_lane(scales_b1, j), stage,
+                                              phase);
+      } else {
+        const float* slot = smem.scales + stage * Layout::kScaleFloats + Layout::kBScaleIndex;
+        const float scale_b0 = slot[0], scale_b1 = slot[1];
+        wide_fp8_kblock<Layout, kFormerGroups>(accumulator, partial, smem, a_descriptor0, b_descriptor0, scale_a0,
+                                              scale_a1, scale_b0, scale_b1, stage, phase);
+      }
     }
   }
 }
@@ -313,8 +348,10 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
                                                           int m0, int m_end, int b_row, int b_rows, bool shared_b,
                                                           int cta_rank, int k_blocks,
                                                           PipelineCursor<Layout::kStageCount>& cursor,
-                                                          int& scale_slot) {
+                                                          int& scale_slot, const CUtensorMap* b_scale_map = nullptr,
+                                                          int b_scale_row = 0) {
   static_assert(Layout::kClusterSize == 2 && Layout::kBlockM % kATrimRows == 0, "pairs; whole 64-row chunks");
+  constexpr bool kTmaBScales = Layout::kTmaBScales;
   constexpr int kChunkBytes = kATrimRows * kBlockK;
   constexpr uint16_t kAllCtas = (1u << Layout::kClusterSize) - 1;
   uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
@@ -332,8 +369,13 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
     const bool group = Layout::kTmaScales && kb % Layout::kScaleGroupKBlocks == 0;
     const bool scale_box = group && chunks > 0;
     barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
-    barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
-                                                              (scale_box ? Layout::kAScaleGroupBytes : 0));
+    if constexpr (kTmaBScales)
+      barrier_arrive_expect_bytes(&smem.full[cursor.stage],
+                                  chunks * kChunkBytes + Layout::kBBytes +
+                                      (scale_box ? Layout::kAScaleGroupBytes + Layout::kBScaleBoxBytes : 0));
+    else
+      barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
+                                                                (scale_box ? Layout::kAScaleGroupBytes : 0));
     uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
     for (int c = 0; c < chunks; ++c)
       tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
@@ -346,8 +388,12 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
         tma_load_2d(b_stage + q * Layout::kBBlockBytes, b_map, kb * kBlockK, part_row(q), &smem.full[cursor.stage]);
     }
     if (group) {
-      if (scale_box)
+      if (scale_box) {
         tma_load_2d(ring + scale_slot * Layout::kAScaleGroupBytes, scale_map, kb * 4, m0, &smem.full[cursor.stage]);
+        if constexpr (kTmaBScales)
+          tma_load_2d(smem.a_tiles + Layout::kBScaleRingOffset + scale_slot * Layout::kBScaleSlotBytes, b_scale_map,
+                      kb * 4, b_scale_row, &smem.full[cursor.stage]);
+      }
       scale_slot = scale_slot + 1 == Layout::kAScaleGroups ? 0 : scale_slot + 1;
     }
     cursor.advance();
@@ -433,12 +479,14 @@ __device__ __forceinline__ void wide_produce_tile(const Fp8GemmShared<Layout>& s
                                                   const CUtensorMap* b_map, const CUtensorMap* scale_map, int m0,
                                                   int m_end, int b_row, int b_rows, bool shared_b, int cta_rank,
                                                   int k_blocks, PipelineCursor<Layout::kStageCount>& cursor,
-                                                  int& scale_slot) {
+                                                  int& scale_slot, const CUtensorMap* b_scale_map = nullptr,
+                                                  int b_scale_row = 0) {
   if constexpr (kCluster)
     wide_produce_tile_cluster(smem, a_map, b_map, scale_map, m0, m_end, b_row, b_rows, shared_b, cta_rank, k_blocks,
-                              cursor, scale_slot);
+                              cursor, scale_slot, b_scale_map, b_scale_row);
   else if constexpr (kTmaScales)
-    wide_produce_tile_tma_scales(smem, a_map, b_map, scale_map, m0, m_end, b_row, k_blocks, cursor, scale_slot);
+    wide_produce_tile_tma_scales(smem, a_map, b_map, scale_map, m0, m_end, b_row, k_blocks, cursor, scale_slot,
+                                 b_scale_map, b_scale_row);
   else
     produce_fp8_tile_trimmed(smem, a_map, b_map, m0, m_end, b_row, k_blocks, cursor);
 }
@@ -463,13 +511,26 @@ __device__ __forceinline__ void wide_produce_tile(const Fp8GemmShared<Layout>& s
 //   this CTA's math warps waited on every `full` phase, which counts those bytes.
 // - Outputs: per tile the same A rows, the same B image (two 8-row-atom-aligned halves), the same scales and
 //   the same FFMA sequence as the 1-CTA kernel: bit-identical; only which CTA computes a tile changes.
-template <int kBlockN, bool kTmaScales, bool kCluster = false>
+//
+// TMA B scales (kTmaBScales, MEGAMOE_FP8_V11_TMA_BSCALES; with kTmaScales): b_scale_map views params.b_scales
+// [num_experts x n / 128 rows][k / 128] fp32 (as bytes), boxes of 16 bytes x 2 rows: the tile's first block row
+// (b_row / 128 = expert x n / 128 + n0 / 128) and the next, 4 k-blocks, loaded by the TMA producer with every A-scale
+// group box and read by the math warps at the group's first k-block (wide_fp8_tile_mainloop_tma_scales). No scale
+// warp; `full` takes 1 arrival (Layout::kScalesInShared = false).
+// NOTES:
+// - The second row is block0 + 1, where the scale warp reads wide_second_block(n0, n): they differ only on a tile
+//   whose first block is the expert's last (block0 + 1 = n / 128; the box then reads the next expert's first block,
+//   or zeros past the tensor), and there every column after block0's is >= n: computed, never stored. Stored
+//   outputs get the same floats in the same products: bit-identical to kTmaBScales = false.
+// - Ring reuse as sm90_fp8_wide_gemm1_kernel's "TMA B scales" NOTES (the B slot is the A-scale group slot's twin).
+template <int kBlockN, bool kTmaScales, bool kCluster = false, bool kTmaBScales = false>
 __global__ void __launch_bounds__(kThreadsPerCta, 1)
     sm90_fp8_wide_grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                                       const __grid_constant__ CUtensorMap b_map,
                                       const __grid_constant__ CUtensorMap scale_map,
-                                      const __grid_constant__ CUtensorMap out_map, const GroupedGemmParams params) {
-  using Layout = WideFp8Layout<kBlockN, kTmaScales, kCluster ? 2 : 1>;
+                                      const __grid_constant__ CUtensorMap out_map,
+                                      const __grid_constant__ CUtensorMap b_scale_map, const GroupedGemmParams params) {
+  using Layout = WideFp8Layout<kBlockN, kTmaScales, kCluster ? 2 : 1, kTmaBScales>;
   constexpr int kBlockM = Layout::kBlockM;
   constexpr int kStages = Layout::kStageCount;
   constexpr int kClusterSize = Layout::kClusterSize;
@@ -482,6 +543,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0);
   const auto [cta_rank, first_unit, unit_step] = wide_unit_walk<kCluster>();
   wide_start<kTmaScales>(smem, &a_map, &b_map, &scale_map);
+  if constexpr (kTmaBScales)
+    if (threadIdx.x == 0) prefetch_tensor_map(&b_scale_map);
   const int k_blocks = params.k / kBlockK;
   const int n_tiles = (params.n + kBlockN - 1) / kBlockN;
   const int n_blocks = params.n / 128;
@@ -494,7 +557,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   constexpr uint32_t kMathRegs = kCluster ? 232 : 240;
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
-    if (warp == 1) {  // the scale warp: A scales of the tile's rows, the tile's two B block scales
+    if (warp == 1 && !kTmaBScales) {  // the scale warp: A scales of the tile's rows, the tile's two B block scales
       PipelineCursor<kStages> cursor;
       int expert = 0;
       for (int unit = first_unit; unit < total_units; unit += unit_step) {
@@ -518,7 +581,7 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
         const int b_row = expert * params.n + where.n_tile * kBlockN;
         wide_produce_tile<kTmaScales, kCluster>(smem, &a_map, &b_map, &scale_map, where.m0, where.m_end, b_row,
                                                 params.num_experts * params.n, where.shared_b, cta_rank, k_blocks,
-                                                cursor, scale_slot);
+                                                cursor, scale_slot, &b_scale_map, b_row / 128);
       }
     }
   } else {

@@ -199,6 +199,19 @@ constexpr const char* kV11TmaScalesEnv = "MEGAMOE_FP8_V11_TMA_SCALES";
 // every v11 GEMM-1 run of the 128 x 256 tile below also runs with it off and on (clusters of 2 CTAs sharing each B
 // tile by multicast) and must give the same bits either way.
 constexpr const char* kGemmClusterEnv = "MEGAMOE_GEMM_CLUSTER";
+// v11 GEMM 1's gate / up B scales by TMA with the A-scale boxes (no scale warp; 128 x 256 tiles with TMA A scales).
+constexpr const char* kGemm1TmaBScalesEnv = "MEGAMOE_FP8_GEMM1_TMA_BSCALES";
+// The same for the plain / GEMM-2 v11 kernel: every v11 run below with TMA A scales also runs with it ("1+b").
+constexpr const char* kV11TmaBScalesEnv = "MEGAMOE_FP8_V11_TMA_BSCALES";
+// The v11 scale modes of the plain / GEMM-2 tests: A scales by cp.async ("0"), by TMA ("1"), and both A and B
+// scales by TMA ("1+b"). ScopedScales sets both switches for one mode.
+constexpr const char* kV11ScaleModes[] = {"0", "1", "1+b"};
+struct ScopedScales {
+  explicit ScopedScales(const char* mode)
+      : a_scales(kV11TmaScalesEnv, mode[0] == '1' ? "1" : "0"),
+        b_scales(kV11TmaBScalesEnv, std::strcmp(mode, "1+b") == 0 ? "1" : "0") {}
+  ScopedEnv a_scales, b_scales;
+};
 
 // schedule = kPingPong: also runs kSerial on the same inputs (freshly poisoned outputs) and requires
 // bit-identical results: the schedules only reorder wgmma issue between the two math warpgroups, never
@@ -229,9 +242,9 @@ void run_plain(const std::vector<int>& counts, int n, int k, uint64_t seed, int 
     EXPECT_TRUE(run_once(Fp8GemmSchedule::kSerial, 0) == result) << "pingpong and serial outputs differ";
   if (v11_block_n != 0) {
     for (const char* cluster : {"0", "1"})
-      for (const char* tma_scales : {"0", "1"}) {
+      for (const char* tma_scales : kV11ScaleModes) {
         const ScopedEnv cluster_env(kGemmClusterEnv, cluster);
-        const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
+        const ScopedScales env(tma_scales);
         const auto wide = run_once(schedule, v11_block_n);
         int64_t differ = 0;
         for (size_t i = 0; i < wide.size(); ++i)
@@ -408,7 +421,7 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
   } else {
     for (const int block_n : v11_block_ns)
       for (const char* cluster : {"0", "1"})
-        for (const char* tma_scales : {"0", "1"})
+        for (const char* tma_scales : kV11ScaleModes)
           runs.push_back({0, Fp8GemmSchedule::kAuto, block_n, tma_scales, cluster});
   }
   for (const Run& run : runs) {
@@ -419,7 +432,7 @@ void run_plain_exact_many_tiles(const std::vector<int>& counts, int n, int k, ui
                    std::to_string(k) + " hint " + std::to_string(hint) + " schedule " + schedule_name(schedule) +
                    " v11 " + std::to_string(run.v11_block_n) + " TMA scales " + run.tma_scales + " cluster " +
                    run.cluster);
-      const ScopedEnv env(kV11TmaScalesEnv, run.tma_scales);
+      const ScopedScales env(run.tma_scales);
       const ScopedEnv cluster_env(kGemmClusterEnv, run.cluster);
       poison_device_buffer(out.data, out.bytes);
       args.rows_per_expert_hint = hint;
@@ -505,11 +518,11 @@ void run_cluster_vs_plain_v11(const std::vector<int>& counts, int n, int k, uint
   args.v11 = 1;
   for (const int block_n : {128, 192})
     for (const char* m_fastest : {"0", "1"})
-      for (const char* tma_scales : {"0", "1"}) {
+      for (const char* tma_scales : kV11ScaleModes) {
         SCOPED_TRACE(describe(p, seed) + " v11 " + std::to_string(block_n) + " m-fastest " + m_fastest +
                      " TMA scales " + tma_scales);
         const ScopedEnv order_env("MEGAMOE_GEMM_M_FASTEST", m_fastest);
-        const ScopedEnv scales_env(kV11TmaScalesEnv, tma_scales);
+        const ScopedScales scales_env(tma_scales);
         args.v11_block_n = block_n;
         const auto run_once = [&](const char* cluster) {
           const ScopedEnv cluster_env(kGemmClusterEnv, cluster);
@@ -800,17 +813,26 @@ void run_gemm1(const std::vector<int>& counts, int hidden, int intermediate, uin
     // else the launcher falls back): codes and scales bit-identical to v9 (and so to split-N). The v11 kernel
     // has one schedule and ignores the v9 skew. small = 1: the v11 GEMM-1 small tile (64 x 256, the math
     // warpgroups split N, per-row amax exchange; docs/grouped_gemm.md "v11 GEMM 1 small"), same requirement.
-    // The 128 x 256 tile also in clusters of 2 (MEGAMOE_GEMM_CLUSTER=1, docs/grouped_gemm.md "v11 clusters").
+    // The 128 x 256 tile also in clusters of 2 (MEGAMOE_GEMM_CLUSTER=1, docs/grouped_gemm.md "v11 clusters"), and
+    // both with the B scales by TMA (MEGAMOE_FP8_GEMM1_TMA_BSCALES=1: with TMA A scales; the launcher keeps the scale
+    // warp under TMA scales 0, so that pair repeats the plain run).
     struct V11Variant {
       int small;
       const char* cluster;
+      const char* b_scales;
     };
     for (const char* tma_scales : {"0", "1"}) {
       const ScopedEnv env(kV11TmaScalesEnv, tma_scales);
-      for (const V11Variant variant : {V11Variant{0, "0"}, V11Variant{0, "1"}, V11Variant{1, "0"}}) {
+      for (const V11Variant variant : {V11Variant{0, "0", "0"}, V11Variant{0, "1", "0"}, V11Variant{1, "0", "0"},
+                                       V11Variant{0, "0", "1"}, V11Variant{0, "1", "1"}}) {
         const ScopedEnv cluster_env(kGemmClusterEnv, variant.cluster);
+        const ScopedEnv b_scales_env(kGemm1TmaBScalesEnv, variant.b_scales);
         const int small = variant.small;
-        const char* what = small ? "v11 small" : variant.cluster[0] == '1' ? "v11 cluster" : "v11";
+        const bool cluster = variant.cluster[0] == '1', b_scales = variant.b_scales[0] == '1';
+        const char* what = small      ? "v11 small"
+                           : b_scales ? (cluster ? "v11 cluster tma-b" : "v11 tma-b")
+                           : cluster  ? "v11 cluster"
+                                      : "v11";
         args.v11 = 1;
         args.v11_small = small;
         const auto v11 = run_once(schedule);
