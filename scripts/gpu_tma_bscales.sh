@@ -12,6 +12,8 @@
 #     alternating processes, two rounds.
 # (5) bench layer, staged, one rank, dsv3 with 128 experts, fp8_block, 2048 and 8192 tokens, off / on, two rounds.
 # (6) the tables.
+# Knobs: WHOLE_SUITE=1 (the whole one-GPU suite at the defaults instead of (1)-(3); SHARD_LIMIT s, default 330),
+# MODELS (bench gemm, default "dsv3 ms4"), ROUNDS (default 2), BUDGET_S (default 480).
 #   source scripts/use_prebuilt.sh NAME [SRC] && PREBUILT=$PREBUILT OUT=$OUT bash scripts/gpu_tma_bscales.sh
 set -uo pipefail
 out=${OUT:-out}; mkdir -p "$out"; logs=$(mktemp -d)
@@ -21,6 +23,12 @@ source "$(dirname "$0")/device_steps.sh"
 export CUDA_VISIBLE_DEVICES=0
 on_env="MEGAMOE_FP8_GEMM1_TMA_BSCALES=1 MEGAMOE_FP8_V11_TMA_BSCALES=1"
 off_env="MEGAMOE_FP8_GEMM1_TMA_BSCALES=0 MEGAMOE_FP8_V11_TMA_BSCALES=0"
+if [ "${WHOLE_SUITE:-0}" = 1 ]; then
+  # The whole one-GPU suite at the defaults (both shards on GPU 0), instead of steps (1)-(3).
+  SHARD_GPUS="0 0" step_sharded_gpu_suite test_gpu "${SHARD_LIMIT:-330}" "$B/tests/megamoe_tests_gpu"
+  print_test_counts
+  grep -h "^\[  SKIPPED \]" "$logs"/test_gpu.log | sort -u
+else
 step gtest_fp8 150 "$B/tests/megamoe_tests_gpu" --gtest_filter='GroupedGemmFp8.*'
 grep -hE '^\[  (PASSED|FAILED) |^\[  FAILED  \]' "$logs/gtest_fp8.log"
 echo "GEMM-1 tma-b vs v9 lines: $(grep -c 'tma-b (TMA scales' "$logs/gtest_fp8.log"), with differences:" \
@@ -32,13 +40,14 @@ sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-san
 step memcheck_on 60 env $on_env "$sanitizer" --tool memcheck --error-exitcode 1 "$B/tests/megamoe_tests_gpu" \
   --gtest_filter='GroupedGemmFp8.Gemm1V11ManyTilesPerCta:GroupedGemmFp8.V11ClusterMatchesNoCluster'
 grep -hE "ERROR SUMMARY|PASSED|FAILED" "$logs/memcheck_on.log" | head -3
+fi
 bench_round() {
   local round=$1 spread v
   for spread in multinomial none; do
     for v in off on; do
       local e=$off_env; [ "$v" = on ] && e=$on_env
       step "bench_${spread}_${v}_$round" 40 env $e "$B/megamoe" bench gemm --gemms 1 2 --format fp8 --gemm1-v9 on \
-        --gemm1-v11 on --models dsv3 ms4 --experts 128 --rows 512 --rows-spread "$spread" --no-cublas --repeats 10 \
+        --gemm1-v11 on --models ${MODELS:-dsv3 ms4} --experts 128 --rows 512 --rows-spread "$spread" --no-cublas --repeats 10 \
         --json "$logs/bench_${spread}_${v}_$round.json"
     done
   done
@@ -51,10 +60,10 @@ layer_round() {
       --format fp8_block --tokens 2048,8192 --iters 10 --json "$logs/layer_${v}_$round.json"
   done
 }
-bench_round 1
-layer_round 1
-bench_round 2
-layer_round 2
+for round in $(seq 1 "${ROUNDS:-2}"); do
+  bench_round "$round"
+  layer_round "$round"
+done
 pack
 print_summary
 python3 - "$logs" <<'PY'

@@ -35,10 +35,11 @@ void launch_wide_cluster_switch(const uint8_t* a, const uint8_t* weights, const 
   // MEGAMOE_GEMM_CLUSTER=1: clusters of 2 sharing B by multicast (docs/grouped_gemm.md "v11 clusters"; default
   // prefer_fp8_gemm2_cluster: off, measured slower). Same outputs bit for bit either way.
   const bool cluster = env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm2_cluster(params.k));
-  // MEGAMOE_FP8_V11_TMA_BSCALES=1 (default off): the B block scales by TMA with the A-scale boxes, no scale warp
-  // (the kernel's "TMA B scales" NOTES); TMA A scales and 16-byte aligned B scales only. Same outputs bit for bit.
+  // The B block scales by TMA with the A-scale boxes, no scale warp (the kernel's "TMA B scales" NOTES; default since
+  // session 22: bit-identical, 1.007-1.033x, docs/perf.md "Session 22"; MEGAMOE_FP8_V11_TMA_BSCALES=0 turns it off);
+  // TMA A scales and 16-byte aligned B scales only. Same outputs bit for bit either way.
   if constexpr (kTmaScales) {
-    if (env_switch("MEGAMOE_FP8_V11_TMA_BSCALES", false) && reinterpret_cast<uintptr_t>(params.b_scales) % 16 == 0) {
+    if (env_switch("MEGAMOE_FP8_V11_TMA_BSCALES", true) && reinterpret_cast<uintptr_t>(params.b_scales) % 16 == 0) {
       if (cluster) launch_wide<kBlockN, true, true, true>(a, weights, params, stream);
       else launch_wide<kBlockN, true, false, true>(a, weights, params, stream);
       return;

@@ -42,9 +42,10 @@ void launch_fp8_v11_gemm1(const uint8_t* a, const uint8_t* weights, const sm90::
   // The 128 x 256 tile in clusters of 2 (docs/grouped_gemm.md "v11 clusters"; default prefer_fp8_gemm1_cluster, i.e.
   // K >= 4096; MEGAMOE_GEMM_CLUSTER=0|1 overrides; the small tile has no cluster form). Same outputs bit for bit.
   const bool cluster = !small && env_switch("MEGAMOE_GEMM_CLUSTER", sm90::prefer_fp8_gemm1_cluster(params.k));
-  // B scales by TMA with the A-scale boxes (MEGAMOE_FP8_GEMM1_TMA_BSCALES, default off; the "TMA B scales" NOTES of
-  // sm90_fp8_wide_gemm1_kernel): 128 x 256 tiles with TMA A scales, 16-byte aligned B scales. Same outputs bit for bit.
-  const bool tma_b_scales = !small && tma_scales && env_switch("MEGAMOE_FP8_GEMM1_TMA_BSCALES", false) &&
+  // B scales by TMA with the A-scale boxes (the "TMA B scales" NOTES of sm90_fp8_wide_gemm1_kernel; default since
+  // session 22: bit-identical, 1.001-1.006x alone, docs/perf.md "Session 22"; MEGAMOE_FP8_GEMM1_TMA_BSCALES=0 turns it
+  // off): 128 x 256 tiles with TMA A scales, 16-byte aligned B scales. Same outputs bit for bit either way.
+  const bool tma_b_scales = !small && tma_scales && env_switch("MEGAMOE_FP8_GEMM1_TMA_BSCALES", true) &&
                             reinterpret_cast<uintptr_t>(params.b_scales) % 16 == 0;
   if (tma_b_scales) {
     if (cluster) launch_wide_gemm1<true, 128, true, true>(a, weights, params, stream);

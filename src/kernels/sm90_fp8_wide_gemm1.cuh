@@ -59,9 +59,10 @@ namespace megamoe::kernels::sm90 {
 // per-row amax exchange ([2 tile parities][2 math warpgroups][64 rows] floats, 1 KiB) after the scales.
 // kClusterSizeValue 2: the cluster kernel (MEGAMOE_GEMM_CLUSTER=1, 128 x 256 only; docs/grouped_gemm.md "v11
 // clusters"): same layout, `empty` counts both CTAs' math warps, B arrives in two multicast 128-row parts.
-// kTmaBScalesValue (MEGAMOE_FP8_GEMM1_TMA_BSCALES; kTmaScales and 128 x 256 only; "TMA B scales" NOTES above the
-// kernel): the tile's gate / up block scales of each 4-k-block group ride in a 32-byte TMA box next to the A-scale
-// group box (kBScaleRingOffset, one 128-byte slot per A-scale group slot); no scale warp, `full` counts 1 arrival.
+// kTmaBScalesValue (MEGAMOE_FP8_GEMM1_TMA_BSCALES, default on; kTmaScales and 128 x 256 only; "TMA B scales" NOTES
+// above the kernel): the tile's gate / up block scales of each 4-k-block group ride in a 32-byte TMA box next to the
+// A-scale group box (kBScaleRingOffset, one 128-byte slot per A-scale group slot); no scale warp, `full` counts 1
+// arrival.
 template <bool kTmaScalesValue, int kBlockMValue = 128, int kClusterSizeValue = 1, bool kTmaBScalesValue = false>
 struct WideGemm1Layout {
   static_assert(kBlockMValue == 128 || kBlockMValue == 64, "128 x 256 (split-M) or 64 x 256 (split-N small)");
@@ -317,11 +318,11 @@ __device__ __forceinline__ void wide_gemm1_small_math(const Fp8GemmShared<Layout
 // m-tile): the scheme, barrier protocol and invariants of sm90_fp8_wide_grouped_gemm_kernel's kCluster NOTES,
 // unchanged (wide_produce_tile_cluster, wide_release_stage, the start / exit cluster barriers).
 //
-// TMA B scales (kTmaBScales, MEGAMOE_FP8_GEMM1_TMA_BSCALES; with kTmaScales, 128 x 256 tiles, plain or clusters):
-// b_scale_map views params.b_scales [num_experts x n / 128 rows][k / 128] fp32 (as bytes), boxes of 16 bytes x 2
-// rows: the tile's gate row (b_row / 128 = expert x n / 128 + 2 n_tile) and up row, 4 k-blocks. The TMA producer
-// loads that box with every A-scale group box (into Layout::kBScaleRingOffset + slot x 128), and counts its 32 bytes
-// in the stage's expect; the math warps read it at the group's first k-block with the A scales. Warp 1 then has no
+// TMA B scales (kTmaBScales, MEGAMOE_FP8_GEMM1_TMA_BSCALES, default on; with kTmaScales, 128 x 256 tiles, plain or
+// clusters): b_scale_map views params.b_scales [num_experts x n / 128 rows][k / 128] fp32 (as bytes), boxes of 16 bytes
+// x 2 rows: the tile's gate row (b_row / 128 = expert x n / 128 + 2 n_tile) and up row, 4 k-blocks. The TMA producer
+// loads that box with every A-scale group box (into Layout::kBScaleRingOffset + slot x 128), and counts its 32 bytes in
+// the stage's expect; the math warps read it at the group's first k-block with the A scales. Warp 1 then has no
 // per-stage work (the tile table only) and `full` takes 1 arrival (Layout::kScalesInShared = false).
 // NOTES:
 // - Ring reuse: the B slot is the A-scale group slot's twin (same index, same producer instruction stream, same
@@ -365,7 +366,8 @@ __global__ void __launch_bounds__(kThreadsPerCta, 1)
   constexpr uint32_t kMathRegs = kCluster ? 232 : 240;
   if (warpgroup == 0) {
     registers_decrease<kProducerRegs>();
-    if (warp == 1 && !kTmaBScales) {  // the scale warp: (A scales,) the tile's gate block 2 n_tile and up block 2 n_tile + 1
+    // The scale warp: (A scales,) the tile's gate block 2 n_tile and up block 2 n_tile + 1 (none with kTmaBScales).
+    if (warp == 1 && !kTmaBScales) {
       PipelineCursor<kStages> cursor;
       int expert = 0;
       for (int unit = first_unit; unit < total_units; unit += unit_step) {

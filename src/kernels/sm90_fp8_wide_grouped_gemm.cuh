@@ -56,8 +56,8 @@ namespace megamoe::kernels::sm90 {
 // limit is 232,448 B).
 // kClusterSizeValue: 1, or 2 for the cluster kernel (MEGAMOE_GEMM_CLUSTER=1; docs/grouped_gemm.md "v11 clusters"):
 // same layout, `empty` counts the math warps of both CTAs, B arrives in two multicast halves.
-// kTmaBScalesValue (MEGAMOE_FP8_V11_TMA_BSCALES, with kTmaScales; "TMA B scales" below): the tile's two B block
-// scale rows of each 4-k-block group in a 32-byte TMA box next to the A-scale group box; no scale warp.
+// kTmaBScalesValue (MEGAMOE_FP8_V11_TMA_BSCALES, default on, with kTmaScales; "TMA B scales" below): the tile's two B
+// block scale rows of each 4-k-block group in a 32-byte TMA box next to the A-scale group box; no scale warp.
 template <int kBlockNValue, bool kTmaScalesValue = false, int kClusterSizeValue = 1, bool kTmaBScalesValue = false>
 struct WideFp8Layout {
   static_assert(kBlockNValue == 128 || kBlockNValue == 192, "v11 tiles: 128 x 128 or 128 x 192");
@@ -512,11 +512,11 @@ __device__ __forceinline__ void wide_produce_tile(const Fp8GemmShared<Layout>& s
 // - Outputs: per tile the same A rows, the same B image (two 8-row-atom-aligned halves), the same scales and
 //   the same FFMA sequence as the 1-CTA kernel: bit-identical; only which CTA computes a tile changes.
 //
-// TMA B scales (kTmaBScales, MEGAMOE_FP8_V11_TMA_BSCALES; with kTmaScales): b_scale_map views params.b_scales
-// [num_experts x n / 128 rows][k / 128] fp32 (as bytes), boxes of 16 bytes x 2 rows: the tile's first block row
-// (b_row / 128 = expert x n / 128 + n0 / 128) and the next, 4 k-blocks, loaded by the TMA producer with every A-scale
-// group box and read by the math warps at the group's first k-block (wide_fp8_tile_mainloop_tma_scales). No scale
-// warp; `full` takes 1 arrival (Layout::kScalesInShared = false).
+// TMA B scales (kTmaBScales, MEGAMOE_FP8_V11_TMA_BSCALES, default on; with kTmaScales): b_scale_map views
+// params.b_scales [num_experts x n / 128 rows][k / 128] fp32 (as bytes), boxes of 16 bytes x 2 rows: the tile's first
+// block row (b_row / 128 = expert x n / 128 + n0 / 128) and the next, 4 k-blocks, loaded by the TMA producer with every
+// A-scale group box and read by the math warps at the group's first k-block (wide_fp8_tile_mainloop_tma_scales). No
+// scale warp; `full` takes 1 arrival (Layout::kScalesInShared = false).
 // NOTES:
 // - The second row is block0 + 1, where the scale warp reads wide_second_block(n0, n): they differ only on a tile
 //   whose first block is the expert's last (block0 + 1 = n / 128; the box then reads the next expert's first block,
