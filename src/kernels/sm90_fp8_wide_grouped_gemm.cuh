@@ -228,18 +228,14 @@ __device__ __forceinline__ void wide_produce_tile_tma_scales(const Fp8GemmShared
   static_assert(Layout::kBlockM % kATrimRows == 0, "whole 64-row chunks");
   constexpr int kChunkBytes = kATrimRows * kBlockK;
   constexpr bool kTmaBScales = Layout::kTmaBScales;
+  constexpr int kScaleBoxBytes = Layout::kAScaleGroupBytes + (kTmaBScales ? Layout::kBScaleBoxBytes : 0);
   uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
   const int chunks = min((m_end - m0 + kATrimRows - 1) / kATrimRows, Layout::kBlockM / kATrimRows);
   for (int kb = 0; kb < k_blocks; ++kb) {
     const bool group = kb % Layout::kScaleGroupKBlocks == 0;
     barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
-    if constexpr (kTmaBScales)
-      barrier_arrive_expect_bytes(&smem.full[cursor.stage],
-                                  chunks * kChunkBytes + Layout::kBBytes +
-                                      (group ? Layout::kAScaleGroupBytes + Layout::kBScaleBoxBytes : 0));
-    else
-      barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
-                                                                (group ? Layout::kAScaleGroupBytes : 0));
+    barrier_arrive_expect_bytes(&smem.full[cursor.stage],
+                                chunks * kChunkBytes + Layout::kBBytes + (group ? kScaleBoxBytes : 0));
     uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
     for (int c = 0; c < chunks; ++c)
       tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
@@ -352,6 +348,7 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
                                                           int b_scale_row = 0) {
   static_assert(Layout::kClusterSize == 2 && Layout::kBlockM % kATrimRows == 0, "pairs; whole 64-row chunks");
   constexpr bool kTmaBScales = Layout::kTmaBScales;
+  constexpr int kScaleBoxBytes = Layout::kAScaleGroupBytes + (kTmaBScales ? Layout::kBScaleBoxBytes : 0);
   constexpr int kChunkBytes = kATrimRows * kBlockK;
   constexpr uint16_t kAllCtas = (1u << Layout::kClusterSize) - 1;
   uint8_t* const ring = smem.a_tiles + Layout::kAScaleRingOffset;
@@ -369,13 +366,8 @@ __device__ __forceinline__ void wide_produce_tile_cluster(const Fp8GemmShared<La
     const bool group = Layout::kTmaScales && kb % Layout::kScaleGroupKBlocks == 0;
     const bool scale_box = group && chunks > 0;
     barrier_wait(&smem.empty[cursor.stage], cursor.phase ^ 1);
-    if constexpr (kTmaBScales)
-      barrier_arrive_expect_bytes(&smem.full[cursor.stage],
-                                  chunks * kChunkBytes + Layout::kBBytes +
-                                      (scale_box ? Layout::kAScaleGroupBytes + Layout::kBScaleBoxBytes : 0));
-    else
-      barrier_arrive_expect_bytes(&smem.full[cursor.stage], chunks * kChunkBytes + Layout::kBBytes +
-                                                                (scale_box ? Layout::kAScaleGroupBytes : 0));
+    barrier_arrive_expect_bytes(&smem.full[cursor.stage],
+                                chunks * kChunkBytes + Layout::kBBytes + (scale_box ? kScaleBoxBytes : 0));
     uint8_t* a_stage = smem.a_tiles + cursor.stage * Layout::kABytes;
     for (int c = 0; c < chunks; ++c)
       tma_load_2d(a_stage + c * kChunkBytes, a_map, kb * kBlockK, m0 + c * kATrimRows, &smem.full[cursor.stage]);
