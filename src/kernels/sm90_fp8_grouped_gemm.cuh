@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/exact_quotient.h"
 #include "kernels/sm90_gemm_heuristics.h"
 #include "kernels/sm90_grouped_schedule.cuh"
 #include "kernels/sm90_ptx.cuh"
@@ -1415,16 +1416,26 @@ __device__ __forceinline__ void swiglu_quant_fp8_rows_epilogue(float (&accumulat
     // kTmaStore: lane_base of the NOTES (16 g added only when swizzled); otherwise the byte of column 0.
     const uint32_t row_base = smem_address(staging + (8 * r + lane / 4) * kPitch + 2 * q) +
                               (tma_rows ? static_cast<uint32_t>(lane / 4) * 16u : 0u);
+    const auto stage_codes = [&](auto divide) {
 #pragma unroll
-    for (int n = 0; n < kHalves; ++n)
+      for (int n = 0; n < kHalves; ++n)
 #pragma unroll
-      for (int p = 0; p < 8; ++p) {
-        const float2 pair = make_float2(__fdiv_rn(__fmul_rn(accumulator[n][8 * p + 2 * r], weight), scale),
-                                        __fdiv_rn(__fmul_rn(accumulator[n][8 * p + 2 * r + 1], weight), scale));
-        const uint32_t address = kTmaStore ? (row_base ^ static_cast<uint32_t>((4 * n + p / 2) << 4)) + 8 * (p % 2)
-                                           : row_base + 64 * n + 8 * p;
-        st_shared_b16(address, __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3));
-      }
+        for (int p = 0; p < 8; ++p) {
+          const float2 pair = make_float2(divide(__fmul_rn(accumulator[n][8 * p + 2 * r], weight)),
+                                          divide(__fmul_rn(accumulator[n][8 * p + 2 * r + 1], weight)));
+          const uint32_t address = kTmaStore ? (row_base ^ static_cast<uint32_t>((4 * n + p / 2) << 4)) + 8 * (p % 2)
+                                             : row_base + 64 * n + 8 * p;
+          st_shared_b16(address, __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3));
+        }
+    };
+    // The row's divisions by one scale as quotient_by_reciprocal (exact_quotient.h: the same codes as __fdiv_rn, one
+    // correctly rounded reciprocal per row instead of a MUFU.RCP + refinement + range check per element); a warp with
+    // an infinite scale (reciprocal 0) keeps __fdiv_rn. Warp-uniform branch: rows_here[r] is.
+    const float reciprocal = __frcp_rn(scale);
+    if (__all_sync(0xffffffffu, reciprocal != 0.0f))
+      stage_codes([&](float x) { return quotient_by_reciprocal(x, scale, reciprocal); });
+    else
+      stage_codes([&](float x) { return __fdiv_rn(x, scale); });
     if (valid && q == 0) out_scales[static_cast<int64_t>(row) * (out_cols / 128) + n_tile] = scale;
   }
   fence_proxy_async_shared();
