@@ -1272,7 +1272,8 @@ constexpr int swiglu_spread_rows() {
 // So the epilogue never leaves the warp: activate(gate, up) per register pair, the row's amax over its
 // 128 outputs (32 per lane, the quad's 4 lanes: 2 shuffles), the top-k weight and the per-128
 // quantization with the formulas of swiglu_quant_fp8_finish_rows (same operations on the same FP32
-// accumulators: bit-identical codes and scales), the codes into the warp's staging rows, then one
+// accumulators, except that the division by the row's scale is quotient_by_reciprocal, exact_quotient.h, which gives
+// the same codes: bit-identical codes and scales), the codes into the warp's staging rows, then one
 // 128-byte bulk copy per valid row (v8c style). Output block n_tile = columns [128 n_tile, +128).
 // NOTES:
 // - Staging (kTmaStore = false; the TMA-store form: below the RowsAmax helpers): math warp v = threadIdx.x / 32 - 4

@@ -37,7 +37,8 @@
 //   factor of the element's block, in k-block order from 0, as w4a8_promote_m64n128 (scale0 = scale_a0 * factor).
 //   (d) The epilogue: swiglu_quant_fp8_rows_epilogue's per-element operations are w4a8_swiglu_quant_fp8_epilogue's
 //   (activate(gate, up), amax over the row's 128 outputs (exact max), __fdiv_rn(fmaxf(__fmul_rn(amax, |w|),
-//   1e-10), 448), __fdiv_rn(__fmul_rn(h, w), scale) -> e4m3 satfinite).
+//   1e-10), 448), __fmul_rn(h, w) / scale -> e4m3 satfinite; the division as quotient_by_reciprocal since session
+//   22, exact_quotient.h: the same codes as __fdiv_rn).
 // - Interleave: packed row 128 h + 16 p + c (c < 8) = gate row 64 h + 8 p + c of the tile's gate block, + 8 = the
 //   up row; in the m64n128 fragment register 4 j + 2 r + c the column group j is even for gate, odd for up
 //   (promotion scale by j % 2; the epilogue pairs accumulator[h][8 p + 2 r + c] with [8 p + 4 + 2 r + c]).
