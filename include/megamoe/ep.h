@@ -58,6 +58,12 @@ struct EpErrorRecord {
   int32_t phase;       // EpPhase
   int32_t peer;        // the peer it waited for (timeout) or the offending value (invalid input)
   uint64_t waited_ns;  // how long it waited
+  // Timeouts of a flag wait (bounded_wait_geq): the flag's address on the waiting rank, the last value seen and the
+  // value awaited (0 / 0 / 0 for other errors). The target's form names the wait: a (epoch << 16 | pieces)
+  // progress word, a block count ((epoch - 1) * blocks + 1 for "a block of this call started"), a barrier epoch.
+  uint64_t flag_address;
+  uint64_t observed;
+  uint64_t target;
 };
 
 // The small device-side state every EP kernel takes by value.
@@ -79,6 +85,31 @@ struct EpOptions {
   int rendezvous_timeout_ms = 60000;
 };
 
+// In-process ranks on ONE GPU (EpGroup::loopback): what `ranks` EpGroups of one process share. Each rank's
+// windows are plain cudaMalloc buffers of `device`; a rank's peers[r] is rank r's buffer, so the EP kernels run
+// unchanged with every "remote" store landing in the same HBM. For tests and protocol checks of 2..8 ranks on a
+// one-GPU machine (no NVLink, no NCCL; its timings say nothing about NVLink). Memory lives until the last owner
+// (the fabric handle or a group) lets go.
+// NOTES (why the ranks must run in separate host threads, each on its own stream, ideally on its own SMs):
+// - A rank's EP kernels wait on its peers' kernels (bounded). They run concurrently only if each rank's host
+//   thread launches its part: one thread per rank, one non-blocking stream per rank.
+// - Every EP launch point (EpGroup::barrier, EpDispatcher::dispatch / combine, EpGroup::enter_collective) is a
+//   bounded host rendezvous of all ranks first: otherwise a rank ahead could leave a waiting kernel on the GPU
+//   while another rank is still inside a host call that serializes the device (cudaFree, cudaDeviceSynchronize,
+//   lazy module loading: run such processes with CUDA_MODULE_LOADING=EAGER), and the two would wait on each other
+//   until the bounded wait expired. For the same reason each rank's stream needs a hardware work queue of its own:
+//   CUDA_DEVICE_MAX_CONNECTIONS (default 8) >= 2 x ranks + 1 (each group also has a setup stream), 32 at most. With
+//   8 ranks and the default, a rank's send kernel waited in a queue behind a peer's kernel that was waiting for it.
+// - The kernels progress whatever the residency of their blocks, but with 3+ ranks one rank's grid can hold
+//   every SM while it waits for a rank that got none: give each rank its own SM partition (a green-context
+//   stream; tests/common/sm_partition.h).
+struct EpLoopbackFabric;
+// `ranks` in [1, kMaxEpRanks]; `device` a visible CUDA device. Host-only until a group allocates.
+std::shared_ptr<EpLoopbackFabric> make_ep_loopback_fabric(int ranks, int device);
+// Every window of the fabric is followed by a guard zone: "" when no guard changed, else which windows were
+// written past their end and where (synchronizes the device; call when no rank runs EP work).
+std::string check_ep_loopback_guards(EpLoopbackFabric& fabric);
+
 class EpGroup {
  public:
   // Uses an existing communicator (not owned: destroy() leaves it alive). `device` must be the
@@ -91,12 +122,17 @@ class EpGroup {
   // `device` >= 0.
   static std::unique_ptr<EpGroup> bootstrap(int rank, int ranks, const std::string& rendezvous,
                                             int device = -1, EpOptions options = {});
+  // Rank `rank` of the in-process group `fabric` (see EpLoopbackFabric): call it from that rank's own host
+  // thread, once per rank; creation is collective (a bounded host rendezvous of all ranks).
+  static std::unique_ptr<EpGroup> loopback(std::shared_ptr<EpLoopbackFabric> fabric, int rank, EpOptions options = {});
   ~EpGroup();
   EpGroup(const EpGroup&) = delete;
   EpGroup& operator=(const EpGroup&) = delete;
 
   int rank() const;
   int size() const;
+  // True for an in-process group on one GPU (EpGroup::loopback).
+  bool is_loopback() const;
   int device() const;
   uint64_t wait_timeout_ns() const;
 
@@ -111,6 +147,11 @@ class EpGroup {
   void warmup(StreamHandle stream);
   // Collective device barrier (bounded wait), stream-ordered and graph-capturable.
   void barrier(StreamHandle stream);
+  // Called before launching any collective EP work (the library's own launches call it): a no-op for an NCCL
+  // group; for a loopback group a bounded host rendezvous of all ranks (EpLoopbackFabric NOTES), which throws
+  // megamoe::Error naming `what` and the ranks that did not arrive. A caller that replays a captured CUDA graph
+  // holding EP kernels calls it before each replay.
+  void enter_collective(const char* what);
 
   // Non-blocking: throws megamoe::Error naming rank, phase and peer if a kernel recorded a failure.
   void check_errors();

@@ -201,6 +201,7 @@ void EpDispatcher::dispatch(const TensorView& hidden, const TensorView& topk_ids
   p.hidden_in = static_cast<const __nv_bfloat16*>(hidden.data);
   p.topk_ids = static_cast<const int32_t*>(topk_ids.data);
   p.topk_weights = static_cast<const float*>(topk_weights.data);
+  m.group->enter_collective("dispatch");
   kernels::launch_ep_dispatch(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() : nullptr,
                               m.overlap_dispatch);
   m.last_tokens = static_cast<int>(T);
@@ -218,6 +219,7 @@ void EpDispatcher::combine(const void* expert_out, const TensorView& out, Stream
   p.expert_out = static_cast<const __nv_bfloat16*>(expert_out);
   p.out = static_cast<__nv_bfloat16*>(out.data);
   p.apply_weights = apply_weights;
+  m.group->enter_collective("combine");
   kernels::launch_ep_combine(p, static_cast<cudaStream_t>(stream), m.timing ? m.marks.data() + 4 : nullptr,
                              combine_send_stages(), m.overlap);
 }

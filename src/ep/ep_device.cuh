@@ -53,13 +53,17 @@ __device__ __forceinline__ bool group_failed(const EpDeviceContext& ctx) {
 // fail_group = false for input errors that the call survives (bad ids are treated as -1 so that peers
 // are not left waiting); the host still raises the error at its next check.
 __device__ inline void record_error(const EpDeviceContext& ctx, uint32_t code, EpPhase phase, int peer,
-                                    uint64_t waited_ns, bool fail_group = true) {
+                                    uint64_t waited_ns, bool fail_group = true, const uint64_t* flag = nullptr,
+                                    uint64_t observed = 0, uint64_t target = 0) {
   if (fail_group) atomicExch(ctx.failed, 1);
   if (atomicCAS(&ctx.error->code, 0u, 0xFFFFFFFFu) == 0u) {  // first error wins
     ctx.error->rank = ctx.rank;
     ctx.error->phase = static_cast<int32_t>(phase);
     ctx.error->peer = peer;
     ctx.error->waited_ns = waited_ns;
+    ctx.error->flag_address = reinterpret_cast<uint64_t>(flag);
+    ctx.error->observed = observed;
+    ctx.error->target = target;
     __threadfence_system();
     atomicExch(&ctx.error->code, code);
   }
@@ -80,7 +84,7 @@ __device__ inline bool bounded_wait_geq(const EpDeviceContext& ctx, const uint64
       const uint64_t waited = globaltimer_ns() - start;
       if (group_failed(ctx)) return false;
       if (waited > ctx.wait_timeout_ns) {
-        record_error(ctx, 1u, phase, peer, waited);
+        record_error(ctx, 1u, phase, peer, waited, true, flag, load_acquire_sys(flag), target);
         return false;
       }
     }

@@ -118,13 +118,13 @@ EpGroup::~EpGroup() {
 }
 
 namespace {
-std::unique_ptr<EpGroup::Impl> make_group_impl(ncclComm_t comm, int device, const EpOptions& options, bool owns_comm) {
-  MEGAMOE_CHECK(comm != nullptr, "EpGroup::from_nccl: comm is null");
+std::unique_ptr<EpGroup::Impl> make_group_impl(std::unique_ptr<ep_detail::EpTransport> transport, int device,
+                                               uint64_t timeout_ns) {
   MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
   auto impl = std::make_unique<EpGroup::Impl>();
   impl->device = device;
-  impl->timeout_ns = timeout_from_env(options.wait_timeout_ns);
-  impl->transport = ep_detail::make_nccl_lsa_transport(comm, owns_comm);
+  impl->timeout_ns = timeout_ns;
+  impl->transport = std::move(transport);
   impl->rank = impl->transport->rank();
   impl->ranks = impl->transport->size();
   MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->setup_stream, cudaStreamNonBlocking));
@@ -150,7 +150,10 @@ std::unique_ptr<EpGroup::Impl> make_group_impl(ncclComm_t comm, int device, cons
 std::unique_ptr<EpGroup> EpGroup::from_nccl(ncclComm_t comm, int device, EpOptions options) {
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
   check_nccl_version();
-  return std::unique_ptr<EpGroup>(new EpGroup(make_group_impl(comm, device, options, /*owns_comm=*/false)));
+  MEGAMOE_CHECK(comm != nullptr, "EpGroup::from_nccl: comm is null");
+  MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
+  return std::unique_ptr<EpGroup>(new EpGroup(make_group_impl(ep_detail::make_nccl_lsa_transport(comm, /*owns_comm=*/false),
+                                                              device, timeout_from_env(options.wait_timeout_ns))));
 }
 
 std::unique_ptr<EpGroup> EpGroup::bootstrap(int rank, int ranks, const std::string& rendezvous, int device,
@@ -193,11 +196,25 @@ std::unique_ptr<EpGroup> EpGroup::bootstrap(int rank, int ranks, const std::stri
     std::filesystem::remove(path, ignored);
   }
   // NOTES: from here the transport owns `comm` (it finalizes and destroys it in destroy()).
-  return std::unique_ptr<EpGroup>(new EpGroup(make_group_impl(comm, device, options, /*owns_comm=*/true)));
+  MEGAMOE_CUDA_CHECK(cudaSetDevice(device));
+  return std::unique_ptr<EpGroup>(new EpGroup(make_group_impl(ep_detail::make_nccl_lsa_transport(comm, /*owns_comm=*/true),
+                                                              device, timeout_from_env(options.wait_timeout_ns))));
+}
+
+std::unique_ptr<EpGroup> EpGroup::loopback(std::shared_ptr<EpLoopbackFabric> fabric, int rank, EpOptions options) {
+  const uint64_t timeout_ns = timeout_from_env(options.wait_timeout_ns);
+  auto transport = ep_detail::make_loopback_transport(fabric, rank, timeout_ns);  // checks fabric and rank
+  const int device = ep_detail::loopback_fabric_device(*fabric);
+  int devices = 0;
+  MEGAMOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  MEGAMOE_CHECK(device < devices, "EpGroup::loopback: the fabric's device ", device, " but only ", devices,
+                " CUDA devices are visible");
+  return std::unique_ptr<EpGroup>(new EpGroup(make_group_impl(std::move(transport), device, timeout_ns)));
 }
 
 int EpGroup::rank() const { return impl_->rank; }
 int EpGroup::size() const { return impl_->ranks; }
+bool EpGroup::is_loopback() const { return impl_->transport && impl_->transport->is_loopback(); }
 int EpGroup::device() const { return impl_->device; }
 uint64_t EpGroup::wait_timeout_ns() const { return impl_->timeout_ns; }
 bool EpGroup::destroyed() const { return impl_->destroyed; }
@@ -239,9 +256,15 @@ void EpGroup::warmup(StreamHandle stream) {
   synchronize(stream);
 }
 
+void EpGroup::enter_collective(const char* what) {
+  impl_->require_alive("enter_collective");
+  impl_->transport->enter_collective(what, impl_->timeout_ns);
+}
+
 void EpGroup::barrier(StreamHandle stream) {
   impl_->require_alive("barrier");
   check_errors();
+  enter_collective("barrier");
   bounded_barrier_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>(device_context());
   MEGAMOE_LAUNCH_CHECK();
 }
@@ -257,9 +280,19 @@ void EpGroup::check_errors() {
   impl_->failed = true;
   const auto phase = static_cast<EpPhase>(record->phase);
   if (code == 1) {
+    auto hex = [](uint64_t v) {
+      char text[24];
+      std::snprintf(text, sizeof(text), "0x%llx", static_cast<unsigned long long>(v));
+      return std::string(text);
+    };
+    const std::string flag = record->flag_address == 0
+                                 ? std::string()
+                                 : detail::concat("; its flag at ", hex(record->flag_address), " held ", record->observed,
+                                                  " (", hex(record->observed), "), waiting for >= ", record->target, " (",
+                                                  hex(record->target), ")");
     MEGAMOE_FAIL("EP wait timed out: rank ", record->rank, " waited ", record->waited_ns / 1000000, " ms (limit ",
                  impl_->timeout_ns / 1000000, " ms) in phase '", ep_phase_name(phase), "' for peer rank ",
-                 record->peer, " (did every rank call the collective?)");
+                 record->peer, " (did every rank call the collective?)", flag);
   }
   MEGAMOE_FAIL("EP kernel on rank ", record->rank, " rejected its input in phase '", ep_phase_name(phase),
                "': offending value ", record->peer, " (e.g. an expert id outside [-1, num_experts))");

@@ -152,6 +152,10 @@ class MegaBackend final : public MoeBackend {
     const int ranks = ep ? ep->size() : 1;
     const std::string why = mega_reject_reason(config, ranks);
     MEGAMOE_CHECK(why.empty(), "backend mega cannot run this configuration: ", why);
+    // NOTES: the persistent kernel's CTAs wait on each other (rows gathered, GEMM-1 tiles done), so each rank needs
+    // a whole GPU; in-process ranks share one (EpGroup::loopback) and would only end in the bounded wait.
+    MEGAMOE_CHECK(!(ep && ep->is_loopback() && ranks > 1), "backend mega needs one GPU per rank: this group's ", ranks,
+                  " ranks are in-process ranks of one GPU (EpGroup::loopback); use staged");
     if (!ep) {
       const auto path = std::filesystem::temp_directory_path() /
                         ("megamoe-mega-" + std::to_string(getpid()) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this)));

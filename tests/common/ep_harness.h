@@ -876,7 +876,37 @@ inline std::string token_error_report(const std::vector<uint16_t>& got, const st
 // Per-format rel-L2 budget (issue 3's): FP8 re-quantizes between the GEMMs, and ~1% of the codes may
 // flip where the GPU's accumulation and the fp64 reference straddle a rounding midpoint (each flip
 // is one E4M3 step, 1/16..1/8 relative), so 1e-2 as the grouped-GEMM tests; BF16 2e-3.
-inline double rel_l2_budget(WeightFormat f) { return f == WeightFormat::kBf16 ? 2e-3 : 1e-2; }
+// experts_per_token: the mean number of valid expert ids per token of the case. The FP8 budget assumes >= 2:
+// a token's output sums its experts' independent flip noise, so with ONE expert per token (8 ranks x 1 expert
+// each, all-to-rank-0 routing: the in-process 8-rank suite measured rel-L2 0.0105 there, against <= 0.0069 with
+// three experts) the noise is not averaged: the budget grows by sqrt(2 / experts_per_token), at most sqrt(2).
+inline double rel_l2_budget(WeightFormat f, double experts_per_token = 2.0) {
+  if (f == WeightFormat::kBf16) return 2e-3;
+  return 1e-2 * std::sqrt(2.0 / std::clamp(experts_per_token, 1.0, 2.0));
+}
+// Tokens that carry the output's energy: (sum_t E_t)^2 / sum_t E_t^2 over the reference's per-token energies E_t.
+// The inputs' per-token scales (2^-4 .. 2^4, make_rank_inputs) let a few tokens hold most of it; the rel-L2 of such a
+// case is then the relative error of those few tokens, and one E4M3 flip of a dominant activation moves a token by a
+// few percent (the per-element bound still covers each element). Below kFewEffectiveTokens the case's rel-L2 may reach
+// kSequenceCallRelL2Ceiling x the budget, as one call of the sequence checks may (measured: 8 in-process ranks, the
+// empty-rank case, rank 7: 3.2 effective tokens of 50, one token 47% of the energy and 99% of the error, rel-L2 0.0199).
+inline double effective_tokens(const std::vector<float>& ref, int H) {
+  const size_t tokens = ref.size() / static_cast<size_t>(H);
+  double sum = 0, sum_sq = 0;
+  for (size_t t = 0; t < tokens; ++t) {
+    double e = 0;
+    for (int c = 0; c < H; ++c) e += static_cast<double>(ref[t * H + c]) * ref[t * H + c];
+    sum += e;
+    sum_sq += e * e;
+  }
+  return sum_sq > 0 ? sum * sum / sum_sq : static_cast<double>(tokens);
+}
+inline constexpr double kFewEffectiveTokens = 8.0;
+inline double mean_experts_per_token(const RankInputs& in, int top_k) {
+  int64_t valid = 0;
+  for (int32_t id : in.ids) valid += id >= 0;
+  return in.tokens > 0 ? static_cast<double>(valid) / in.tokens : static_cast<double>(top_k);
+}
 
 // The `ranks` argument of reference_layer that models backend `name`'s combine on `ranks` ranks:
 // staged rounds each rank's partial sum to bf16 before the source adds them (docs/ep.md); mega's
@@ -1073,7 +1103,10 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
   std::vector<double> tolerance;
   const auto ref = reference_layer(c, experts, in, &tolerance, reference_combine_ranks(*backend, R), options.bf16_gate_up);
   const Comparison cmp = compare_outputs(got, ref, c.hidden, tolerance);
-  EXPECT_LT(cmp.rel_l2, rel_l2_budget(c.weight_format)) << "rel-L2 vs the host reference";
+  const double energy_tokens = effective_tokens(ref, c.hidden);
+  const double rel_l2_limit = rel_l2_budget(c.weight_format, mean_experts_per_token(in, c.top_k)) *
+                              (energy_tokens < kFewEffectiveTokens ? kSequenceCallRelL2Ceiling : 1.0);
+  EXPECT_LT(cmp.rel_l2, rel_l2_limit) << "rel-L2 vs the host reference; " << token_error_report(got, ref, c.hidden);
   EXPECT_EQ(cmp.elementwise_failures, 0) << "first: " << cmp.first_failure;
   std::printf("[%s] rank %d %s %s T=%d rel_l2=%.3g%s%s\n", name.c_str(), me,
               std::string(weight_format_name(c.weight_format)).c_str(), routing_name(lc.routing), in.tokens, cmp.rel_l2,
@@ -1093,6 +1126,7 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
     MEGAMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int replay = 0; replay < 3; ++replay) {
       poison_device_buffer(dev.out, out_bytes, 0xFF, stream);
+      group.enter_collective("graph replay");  // a no-op for NCCL groups (EpGroup::enter_collective)
       MEGAMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
       group.synchronize(stream);
       EXPECT_TRUE(dev.download_out() == got) << "graph replay " << replay << " differs from the eager forward";
@@ -1160,6 +1194,83 @@ inline void run_staged_case(EpGroup& group, const LayerCase& lc, cudaStream_t st
   BackendCaseOptions options;
   options.graph_replay = graph_replay;
   run_backend_case("staged", group, lc, stream, options);
+}
+
+// ---- whole test bodies, shared by the multi-GPU suites (a process per GPU) and the loopback suites (in-process
+// ranks on one GPU, tests/gpu/test_ep_loopback.cu): `group` is this rank's group, `stream` its stream.
+
+// A DispatchCase of the given geometry and seed (payload fp8, uniform routing, tokens_per_rank to be filled).
+inline DispatchCase sized_dispatch_case(int hidden, int top_k, int num_experts, int capacity, uint64_t seed) {
+  return DispatchCase{hidden, top_k, num_experts, capacity, EpPayload::kFp8, Routing::kUniform, seed, {}};
+}
+
+// Dispatch + combine bit for bit: fp8 and bf16 payloads x uniform, skewed, all-to-rank-0 and padded routings with
+// unequal token counts, the last rank empty, and a DeepSeek-wide case with more tokens than one grid pass.
+inline void run_dispatch_combine_suite(EpGroup& group, cudaStream_t stream) {
+  const int R = group.size();
+  int64_t rows = 0;
+  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16})
+    for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
+      DispatchCase tc;
+      tc.num_experts = experts_for_ranks(tc.num_experts, R);
+      tc.payload = payload;
+      tc.routing = routing;
+      tc.seed = 21 + static_cast<int>(routing);
+      tc.tokens_per_rank = spread_tokens(131, 160, R);  // unequal
+      rows += run_dispatch_combine_case(group, tc, stream);
+    }
+  DispatchCase empty_rank;  // the last rank has no tokens at all
+  empty_rank.num_experts = experts_for_ranks(empty_rank.num_experts, R);
+  empty_rank.tokens_per_rank = spread_tokens(90, 0, R);
+  rows += run_dispatch_combine_case(group, empty_rank, stream);
+  DispatchCase wide = sized_dispatch_case(7168, 8, experts_for_ranks(32, R), 2304, 1);  // DeepSeek-like width, more
+  wide.tokens_per_rank = spread_tokens(2304, 2100, R);                                  // tokens than one grid pass
+  rows += run_dispatch_combine_case(group, wide, stream);
+  EXPECT_GT(rows, 0);
+}
+
+// MEGAMOE_EP_OVERLAP=0 vs 1 on the same inputs, bit for bit (grouped rows per source and combine outputs), over
+// several calls: unequal T per rank, the last rank / rank 0 with zero tokens, padded -1 ids, unweighted calls, a
+// hidden size with several progress publications per row, and a wide case (7168, top-8) with more tokens than one
+// wave of warps.
+inline void run_overlap_suite(EpGroup& group, cudaStream_t stream) {
+  const int R = group.size();
+  DispatchCase tc = sized_dispatch_case(2560, 6, experts_for_ranks(16, R), 320, 61);
+  int64_t rows = 0;
+  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16}) {
+    tc.payload = payload;
+    rows += run_overlap_comparison(group, tc,
+                                   {spread_tokens(211, 290, R), spread_tokens(300, 0, R), spread_tokens(0, 257, R),
+                                    spread_tokens(1, 320, R), spread_tokens(173, 131, R)},
+                                   {Routing::kPadded, Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0}, stream);
+  }
+  const DispatchCase wide = sized_dispatch_case(7168, 8, experts_for_ranks(32, R), 2304, 71);
+  rows += run_overlap_comparison(group, wide, {spread_tokens(2304, 2100, R), spread_tokens(1500, 2304, R)},
+                                 {Routing::kUniform, Routing::kPadded}, stream);
+  EXPECT_GT(rows, 0);
+}
+
+// The staged backend against the host reference: FP8 block and BF16 x the four routings (graph capture and replay
+// on uniform), then rank 0 without tokens.
+inline void run_staged_suite(EpGroup& group, cudaStream_t stream) {
+  const int R = group.size();
+  for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16})
+    for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
+      LayerCase lc;
+      lc.config.hidden = 256;
+      lc.config.intermediate = 256;
+      lc.config.num_experts = experts_for_ranks(8, R);  // 8 on 2, 4, 8 ranks (1 per rank on 8)
+      lc.config.top_k = 3;
+      lc.config.weight_format = format;
+      lc.config.max_tokens_per_rank = 96;
+      lc.routing = routing;
+      lc.tokens_per_rank = spread_tokens(61, 83, R);
+      run_staged_case(group, lc, stream, /*graph_replay=*/routing == Routing::kUniform);
+    }
+  LayerCase empty_rank;
+  empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, R), 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
+  empty_rank.tokens_per_rank = spread_tokens(0, 50, R);  // rank 0 has no tokens
+  run_staged_case(group, empty_rank, stream, true);
 }
 
 }  // namespace megamoe::testing

@@ -84,29 +84,7 @@ void dispatch_combine_bit_exact(const LaunchedRank& rank) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
   group->warmup(s.stream);
-  int64_t rows = 0;
-  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16})
-    for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
-      DispatchCase tc;
-      tc.num_experts = experts_for_ranks(tc.num_experts, rank.ranks);
-      tc.payload = payload;
-      tc.routing = routing;
-      tc.seed = 21 + static_cast<int>(routing);
-      tc.tokens_per_rank = spread_tokens(131, 160, rank.ranks);  // unequal
-      rows += run_dispatch_combine_case(*group, tc, s.stream);
-    }
-  DispatchCase empty_rank;  // the last rank has no tokens at all
-  empty_rank.num_experts = experts_for_ranks(empty_rank.num_experts, rank.ranks);
-  empty_rank.tokens_per_rank = spread_tokens(90, 0, rank.ranks);
-  rows += run_dispatch_combine_case(*group, empty_rank, s.stream);
-  DispatchCase wide;  // DeepSeek-like width, more tokens than one grid pass
-  wide.hidden = 7168;
-  wide.top_k = 8;
-  wide.num_experts = experts_for_ranks(32, rank.ranks);
-  wide.capacity = 2304;
-  wide.tokens_per_rank = spread_tokens(2304, 2100, rank.ranks);
-  rows += run_dispatch_combine_case(*group, wide, s.stream);
-  EXPECT_GT(rows, 0);
+  run_dispatch_combine_suite(*group, s.stream);
   group->destroy();
 }
 
@@ -132,53 +110,14 @@ TEST(EpMulti, OverlapMatchesTwoKernelPath) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
   group->warmup(s.stream);
-  const int R = rank.ranks;
-  DispatchCase tc;
-  tc.hidden = 2560;
-  tc.top_k = 6;
-  tc.num_experts = experts_for_ranks(16, R);
-  tc.capacity = 320;
-  tc.seed = 61;
-  int64_t rows = 0;
-  for (EpPayload payload : {EpPayload::kFp8, EpPayload::kBf16}) {
-    tc.payload = payload;
-    rows += run_overlap_comparison(*group, tc,
-                                   {spread_tokens(211, 290, R), spread_tokens(300, 0, R), spread_tokens(0, 257, R),
-                                    spread_tokens(1, 320, R), spread_tokens(173, 131, R)},
-                                   {Routing::kPadded, Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0}, s.stream);
-  }
-  DispatchCase wide;
-  wide.hidden = 7168;
-  wide.top_k = 8;
-  wide.num_experts = experts_for_ranks(32, R);
-  wide.capacity = 2304;
-  wide.seed = 71;
-  rows += run_overlap_comparison(*group, wide, {spread_tokens(2304, 2100, R), spread_tokens(1500, 2304, R)},
-                                 {Routing::kUniform, Routing::kPadded}, s.stream);
-  EXPECT_GT(rows, 0);
+  run_overlap_suite(*group, s.stream);
   group->destroy();
 }
 
 void staged_matches_reference_and_replays(const LaunchedRank& rank) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
-  for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16})
-    for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
-      LayerCase lc;
-      lc.config.hidden = 256;
-      lc.config.intermediate = 256;
-      lc.config.num_experts = experts_for_ranks(8, rank.ranks);  // 8 on 2, 4, 8 ranks (1 per rank on 8)
-      lc.config.top_k = 3;
-      lc.config.weight_format = format;
-      lc.config.max_tokens_per_rank = 96;
-      lc.routing = routing;
-      lc.tokens_per_rank = spread_tokens(61, 83, rank.ranks);
-      run_staged_case(*group, lc, s.stream, /*graph_replay=*/routing == Routing::kUniform);
-    }
-  LayerCase empty_rank;
-  empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, rank.ranks), 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
-  empty_rank.tokens_per_rank = spread_tokens(0, 50, rank.ranks);  // rank 0 has no tokens
-  run_staged_case(*group, empty_rank, s.stream, true);
+  run_staged_suite(*group, s.stream);
   group->destroy();
 }
 
