@@ -19,6 +19,7 @@
 #include "common/gpu_stream.h"
 #include "common/scoped_overrides.h"
 #include "common/sm_partition.h"
+#include "ep/transport.h"
 
 namespace megamoe::testing {
 namespace {
@@ -189,6 +190,55 @@ TEST(EpLoopbackErrors, MegaRefusesInProcessRanks) {
       EXPECT_NE(std::string(e.what()).find("needs one GPU per rank"), std::string::npos) << e.what();
     }
   });
+}
+
+// The bounded host rendezvous behind every in-process collective (no GPU needed: enter_collective touches no CUDA):
+// all ranks pass; a rank that calls another collective, and a rank that never arrives, end in errors naming them.
+TEST(EpLoopbackErrors, RendezvousNamesMismatchAndMissingRank) {
+  constexpr uint64_t kBoundNs = 200ull * 1000 * 1000;
+  auto run = [](int ranks, const std::function<void(ep_detail::EpTransport&, int)>& body) {
+    auto fabric = make_ep_loopback_fabric(ranks, 0);
+    std::vector<std::unique_ptr<ep_detail::EpTransport>> transports;
+    for (int r = 0; r < ranks; ++r) transports.push_back(ep_detail::make_loopback_transport(fabric, r, kBoundNs));
+    std::vector<std::string> errors(ranks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          body(*transports[r], r);
+        } catch (const Error& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    return errors;
+  };
+  // Three rounds of three ranks: nobody fails.
+  for (const std::string& e : run(3, [](ep_detail::EpTransport& t, int) {
+         for (int round = 0; round < 3; ++round) t.enter_collective("dispatch", kBoundNs);
+       }))
+    EXPECT_EQ(e, "");
+  // Rank 2 calls 'combine' while ranks 0 and 1 call 'dispatch'.
+  const auto mismatch = run(3, [](ep_detail::EpTransport& t, int r) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(r == 2 ? 20 : 0));
+    t.enter_collective(r == 2 ? "combine" : "dispatch", kBoundNs);
+  });
+  EXPECT_NE(mismatch[2].find("called different collectives: 'dispatch' and 'combine'"), std::string::npos) << mismatch[2];
+  for (int r = 0; r < 2; ++r) EXPECT_NE(mismatch[r].find("rendezvous failed"), std::string::npos) << mismatch[r];
+  // Rank 1 of 3 never arrives: the others report it within about the bound.
+  const auto start = std::chrono::steady_clock::now();
+  const auto stalled = run(3, [](ep_detail::EpTransport& t, int r) {
+    if (r != 1) t.enter_collective("combine", kBoundNs);
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(stalled[1], "");
+  int named = 0;
+  for (int r : {0, 2}) {
+    named += stalled[r].find("for peer rank(s) 1 (did every rank call the collective?)") != std::string::npos;
+    EXPECT_NE(stalled[r].find("'combine'"), std::string::npos) << stalled[r];
+  }
+  EXPECT_GE(named, 1) << stalled[0] << " | " << stalled[2];
+  EXPECT_LT(seconds, 2.0);
 }
 
 // Argument checks (no GPU needed: they throw before any CUDA call).
