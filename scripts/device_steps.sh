@@ -32,9 +32,13 @@ print_summary() {
 step_sharded_gpu_suite() {
   local name=$1 limit=$2 tests=$3
   # SHARD_GPUS: the GPU of each shard (default "0 1"; on a one-GPU machine "0 0" runs both shards on GPU 0).
+  # SHARD_FILTER: a gtest filter for both shards; by default the in-process multi-rank suites (Ranks/EpLoopback.*,
+  # ~4 min on one H200) are left to scripts/gpu_loopback.sh, so the shards keep their session-16 step limits.
   step "$name" "$limit" bash -c 'gpus=($2); pids=(); rc=0; for i in 0 1; do
-      CUDA_VISIBLE_DEVICES=${gpus[$i]} GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i "$0" >"$1.$i" 2>&1 & pids+=($!); done
-    for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$tests" "$logs/$name.shard" "${SHARD_GPUS:-0 1}"
+      CUDA_VISIBLE_DEVICES=${gpus[$i]} GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$i GTEST_FILTER="$3" "$0" >"$1.$i" 2>&1 &
+      pids+=($!); done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done; cat "$1".*; exit $rc' "$tests" "$logs/$name.shard" "${SHARD_GPUS:-0 1}" \
+    "${SHARD_FILTER:--Ranks/EpLoopback.*}"
 }
 print_test_counts() { grep -hE "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$logs"/test_*.log | sort | uniq -c; }
 # The bench ep rows of every $logs/ep_*.log (rank 0): dispatch / combine µs and GB/s, then the per-kernel split.
