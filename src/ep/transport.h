@@ -32,7 +32,7 @@ class EpTransport {
 };
 
 std::unique_ptr<EpTransport> make_nccl_lsa_transport(ncclComm_t comm, bool owns_comm);
-// Rank `rank` of an in-process group on one GPU (src/ep/loopback_transport.cpp; EpLoopbackFabric in megamoe/ep.h).
+// Rank `rank` of an in-process group on one GPU (src/ep/loopback_transport.cuda.cpp; EpLoopbackFabric in megamoe/ep.h).
 std::unique_ptr<EpTransport> make_loopback_transport(std::shared_ptr<EpLoopbackFabric> fabric, int rank,
                                                      uint64_t timeout_ns);
 int loopback_fabric_device(const EpLoopbackFabric& fabric);
