@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/registry.h"
+#include "common/stream_sms.h"
 #include "kernels/grouped_gemm.h"
 #include "kernels/grouped_gemm_internal.h"
 #include "kernels/sm90_mega_moe.cuh"
@@ -152,10 +153,6 @@ class MegaBackend final : public MoeBackend {
     const int ranks = ep ? ep->size() : 1;
     const std::string why = mega_reject_reason(config, ranks);
     MEGAMOE_CHECK(why.empty(), "backend mega cannot run this configuration: ", why);
-    // NOTES: the persistent kernel's CTAs wait on each other (rows gathered, GEMM-1 tiles done), so each rank needs
-    // a whole GPU; in-process ranks share one (EpGroup::loopback) and would only end in the bounded wait.
-    MEGAMOE_CHECK(!(ep && ep->is_loopback() && ranks > 1), "backend mega needs one GPU per rank: this group's ", ranks,
-                  " ranks are in-process ranks of one GPU (EpGroup::loopback); use staged");
     if (!ep) {
       const auto path = std::filesystem::temp_directory_path() /
                         ("megamoe-mega-" + std::to_string(getpid()) + "-" + std::to_string(reinterpret_cast<uintptr_t>(this)));
@@ -256,9 +253,7 @@ class MegaBackend final : public MoeBackend {
       w13_map_ = make_grouped_gemm_tensor_map(slabs_.w13, H * P, E * 2 * I, 256);
       w2_map_ = make_grouped_gemm_tensor_map(slabs_.w2, I * P, E * H, 256);
     }
-    int device = 0;
-    MEGAMOE_CUDA_CHECK(cudaGetDevice(&device));
-    MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&ctas_, cudaDevAttrMultiProcessorCount, device));
+    MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&device_sms_, cudaDevAttrMultiProcessorCount, ep_->device()));
     loaded_.assign(E, false);
     MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -351,6 +346,8 @@ class MegaBackend final : public MoeBackend {
       run_staged_pipeline(config_, local_experts_, *split_scratch_, split_slabs_, in, out, s, split_phases_);
       return;
     }
+    const int ctas = fused_grid(s);
+    ep_->enter_collective("mega forward");  // a no-op on NCCL groups (EpGroup::enter_collective)
     const int64_t T = in.hidden.shape[0];
     MegaMoeParams p = params_;
     p.num_tokens = static_cast<int>(T);
@@ -368,17 +365,18 @@ class MegaBackend final : public MoeBackend {
     constexpr MegaFormat kBf16 = MegaFormat::kBf16, kFp8 = MegaFormat::kFp8Block;
     if (kernels::mega_is_w4a8(format_)) {
       launch_mega_w4a8(format_, small, slabs_.gate_up_packing == kernels::GemmRole::kGateUpInterleaved8, maps.x,
-                       w13_map_, maps.act, w2_map_, p, ctas_, s);
+                       w13_map_, maps.act, w2_map_, p, ctas, s);
     } else if (format_ == kBf16) {
-      if (small) launch_mega_moe<MegaTiles<1, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
-      else launch_mega_moe<MegaTiles<2, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      if (small) launch_mega_moe<MegaTiles<1, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas, s);
+      else launch_mega_moe<MegaTiles<2, false>, kBf16>(maps.x, w13_map_, maps.act, w2_map_, p, ctas, s);
     } else if (slabs_.gate_up_packing == kernels::GemmRole::kGateUpInterleaved8) {  // one W13 (docs/mega.md)
-      if (small) launch_mega_moe<MegaTiles<1, true, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
-      else launch_mega_moe<MegaTiles<2, true, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      if (small) launch_mega_moe<MegaTiles<1, true, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas, s);
+      else launch_mega_moe<MegaTiles<2, true, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas, s);
     } else {
-      if (small) launch_mega_moe<MegaTiles<1, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
-      else launch_mega_moe<MegaTiles<2, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas_, s);
+      if (small) launch_mega_moe<MegaTiles<1, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas, s);
+      else launch_mega_moe<MegaTiles<2, true>, kFp8>(maps.x, w13_map_, maps.act, w2_map_, p, ctas, s);
     }
+    last_ctas_ = ctas;
     if (phase_timing_) {
       MEGAMOE_CUDA_CHECK(cudaEventRecord(phase_done_, s));
       phases_recorded_ = true;
@@ -392,7 +390,7 @@ class MegaBackend final : public MoeBackend {
   void set_phase_timing(bool enabled) override {
     require_alive("set_phase_timing");
     if (enabled && phase_stamps_ == nullptr) {
-      phase_stamps_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * kMegaPhaseStamps * ctas_));
+      phase_stamps_ = static_cast<uint64_t*>(alloc(sizeof(uint64_t) * kMegaPhaseStamps * device_sms_));
       MEGAMOE_CUDA_CHECK(cudaEventCreateWithFlags(&phase_done_, cudaEventDisableTiming));
     }
     phase_timing_ = enabled;
@@ -405,9 +403,9 @@ class MegaBackend final : public MoeBackend {
     if (last_path_ == static_cast<int>(MegaPath::kSplit)) return split_phases_.times();
     if (!phase_timing_ || !phases_recorded_) return {};
     MEGAMOE_CUDA_CHECK(cudaEventSynchronize(phase_done_));
-    std::vector<uint64_t> stamps(static_cast<size_t>(kMegaPhaseStamps) * ctas_);
+    std::vector<uint64_t> stamps(static_cast<size_t>(kMegaPhaseStamps) * last_ctas_);
     MEGAMOE_CUDA_CHECK(cudaMemcpy(stamps.data(), phase_stamps_, stamps.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
-    return mega_phase_times(stamps.data(), ctas_);
+    return mega_phase_times(stamps.data(), last_ctas_);
   }
 
   void destroy() override {
@@ -446,6 +444,22 @@ class MegaBackend final : public MoeBackend {
   void require_alive(const char* call) const {
     MEGAMOE_CHECK(!destroyed_, "backend mega: ", call, " called after destroy()");
   }
+  // The fused kernel's grid: one CTA per SM the stream can use (detail::stream_sm_count: the device's, or its green
+  // context's). NOTES: the persistent kernel's CTAs wait on each other (rows gathered, GEMM-1 tiles done) and on the
+  // peers' kernels, so every CTA of every rank must be resident at once. Across GPUs that is the cooperative launch.
+  // In-process ranks of ONE GPU (EpGroup::loopback) share its SMs: each rank needs its own SM partition (a green-
+  // context stream, as tests/common/sm_partition.h makes) of at most device SMs / ranks, or the first rank's grid
+  // would hold SMs that a peer's grid needs while it waits for that peer; refused here before anything is launched.
+  int fused_grid(cudaStream_t stream) const {
+    const detail::StreamSms sms = detail::stream_sm_count(stream, ep_->device());
+    const int ranks = ep_->size();
+    MEGAMOE_CHECK(!ep_->is_loopback() || ranks == 1 || (sms.partition && sms.sms * ranks <= sms.device_sms),
+                  "backend mega on in-process ranks (EpGroup::loopback, ", ranks, " ranks on one GPU) needs each rank's "
+                  "stream on its own SM partition (a green context of at most ", sms.device_sms / ranks, " of the ",
+                  sms.device_sms, " SMs): rank ", ep_->rank(), "'s stream ", static_cast<const void*>(stream), " can use ",
+                  sms.sms, " SMs", sms.partition ? "" : " (no green context)");
+    return sms.sms;
+  }
   void* alloc(size_t bytes) {
     void* ptr = nullptr;
     MEGAMOE_CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(bytes, 16)));
@@ -466,7 +480,8 @@ class MegaBackend final : public MoeBackend {
   MegaFormat format_ = MegaFormat::kFp8Block;
   ActivationMaps maps_[2]{};
   CUtensorMap w13_map_{}, w2_map_{};
-  int ctas_ = 0;
+  int device_sms_ = 0;  // the phase stamp buffer's CTA rows (the largest grid)
+  int last_ctas_ = 0;   // the last fused launch's grid (fused_grid)
   int local_experts_ = 0, first_expert_ = 0;
   bool destroyed_ = false;
   std::vector<bool> loaded_;

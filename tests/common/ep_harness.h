@@ -89,6 +89,14 @@ inline std::unique_ptr<EpGroup> single_rank_group(EpOptions options = {}, int de
   return group;
 }
 
+// A private single-rank group on `group`'s GPU, of the same kind: NCCL (single_rank_group) for a group of processes,
+// an in-process group of one rank for an in-process one (EpGroup::loopback: its ranks are threads of one process,
+// which would all take single_rank_group's per-process rendezvous file).
+inline std::unique_ptr<EpGroup> single_rank_group_like(EpGroup& group) {
+  if (group.is_loopback()) return EpGroup::loopback(make_ep_loopback_fabric(1, group.device()), 0);
+  return single_rank_group({}, group.device());
+}
+
 // ---- host numerics (rounded like the kernels) ------------------------------------------------------
 inline uint16_t bf16_bits(float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
@@ -1141,7 +1149,7 @@ inline std::vector<uint16_t> run_backend_case(const std::string& name, EpGroup& 
     std::vector<uint16_t> other;
     const bool solo = options.compare_on_single_rank && R > 1;
     if (solo) {
-      auto single = single_rank_group({}, group.device());
+      auto single = single_rank_group_like(group);
       other = run_backend_once(options.compare_with, *single, c, experts, in, stream);
       single->destroy();
       std::vector<double> solo_tolerance;
@@ -1271,6 +1279,134 @@ inline void run_staged_suite(EpGroup& group, cudaStream_t stream) {
   empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, R), 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
   empty_rank.tokens_per_rank = spread_tokens(0, 50, R);  // rank 0 has no tokens
   run_staged_case(group, empty_rank, stream, true);
+}
+
+// mega on N ranks vs staged on ONE rank holding every expert (BackendCaseOptions::compare_on_single_rank):
+// 0 differing elements. Per row the GEMMs are the same device code on the same bytes wherever the row
+// is computed, and mega's combine sums a token's k slots in one fp32 chain on any rank count, as staged
+// does on one rank. (A multi-rank staged rounds each rank's partial sum to bf16 first: that differs from
+// mega by up to that rounding, and both are checked against the reference instead.)
+// `name`: "mega[fused]" (the one kernel) or "mega[split]" (the staged pipeline on mega's weights, which
+// rounds each rank's partial like staged: it is compared with staged on the same group, bit for bit).
+inline void run_mega_routing_suite(EpGroup& group, cudaStream_t stream, WeightFormat format,
+                                   const std::string& name = "mega[fused]") {
+  const bool split = name == "mega[split]";
+  const int R = group.size();
+  for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
+    LayerCase lc;
+    lc.config = MoeConfig{256, 256, experts_for_ranks(8, R), 3, format, Activation{}, false, 0, 96};
+    lc.routing = routing;
+    lc.seed = 41 + static_cast<int>(routing);
+    lc.tokens_per_rank = spread_tokens(61, 83, R);  // unequal
+    BackendCaseOptions options;
+    options.graph_replay = routing == Routing::kUniform || routing == Routing::kAllToRank0;
+    options.repeats = 3;
+    options.compare_with = routing == Routing::kUniform || routing == Routing::kPadded ? "staged" : nullptr;
+    options.compare_on_single_rank = !split;
+    options.max_differing = 0;
+    run_backend_case(name, group, lc, stream, options);
+  }
+  LayerCase empty_rank;  // rank 0 has no tokens at all
+  empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, R), 2, format, Activation{}, false, 0, 64};
+  empty_rank.tokens_per_rank = spread_tokens(0, 50, R);
+  BackendCaseOptions replay;
+  replay.graph_replay = true;
+  run_backend_case(name, group, empty_rank, stream, replay);
+  LayerCase wide;  // DeepSeek-like width and top-k, 128-row tiles, clamped SwiGLU with top-k in fc1
+  wide.config = MoeConfig{1024, 512, experts_for_ranks(16, R), 8, format, Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true,
+                          0, 300};
+  wide.tokens_per_rank = spread_tokens(200, 151, R);
+  BackendCaseOptions repeat;
+  repeat.repeats = 5;
+  repeat.compare_with = "staged";
+  repeat.compare_on_single_rank = !split;
+  repeat.max_differing = 0;
+  run_backend_case(name, group, wide, stream, repeat);
+}
+
+// Many GEMM-2 tiles per CTA with rows bound for both ranks: H = 4096 (16 GEMM-2 n-tiles per m-tile),
+// ~512 rows per local expert (128-row tiles, ~17 m-tiles per rank), so most CTAs run two GEMM-2 tiles
+// whose bulk copies go to peer and local combine rows, with the pieces of the first counted after the
+// second (count_combine_pieces). mega == single-rank staged bit for bit, and the reference.
+inline void run_mega_many_gemm2_tiles(EpGroup& group, cudaStream_t stream, WeightFormat format) {
+  LayerCase lc;
+  lc.config = MoeConfig{4096, 128, experts_for_ranks(8, group.size()), 2, format, Activation{}, false, 0, 1024};
+  lc.tokens_per_rank = spread_tokens(1024, 1000, group.size());
+  lc.seed = 88;
+  BackendCaseOptions options;
+  options.compare_with = "staged";
+  options.compare_on_single_rank = true;
+  options.max_differing = 0;
+  run_backend_case("mega[fused]", group, lc, stream, options);  // the fused kernel's tiling is the subject
+}
+
+// 24 calls with a different T on every rank each call (0 included; kSkewed every third call, else
+// kPadded), one backend: stale counters or rows of a previous call would break the next. Per call: the
+// elementwise bound vs the host reference, rel-L2 under kSequenceCallRelL2Ceiling x budget, and, where
+// the forward took the fused path (or runs on one rank), mega == staged on ONE rank holding every expert
+// bit for bit (see run_mega_routing_suite); the budget applies to the rel-L2 of all calls
+// together (NOTES at kSequenceCallRelL2Ceiling: issue 5's W4A8 call 0 at T = 35 gave 0.0114 with every
+// other check passing).
+// `name`: "mega[fused]", "mega[split]", or "mega[auto]" with MoeInputs::max_tokens_any_rank set to the
+// largest T of the call (every rank computes every rank's T): rows = that * 4 / (8 / ranks), so the
+// heuristic switches between the paths from call to call, every rank the same way, zero-token ranks
+// included. The split path on R > 1 ranks rounds each rank's partial sum to bf16 like multi-rank staged,
+// so it is judged against the reference with that model and not bit for bit against one-rank staged.
+inline void run_mega_token_sequence(EpGroup& group, cudaStream_t stream, WeightFormat format, const std::string& name) {
+  const int R = group.size(), me = group.rank();
+  SCOPED_TRACE(name);
+  constexpr int kCalls = 24;
+  const MoeConfig c{256, 256, experts_for_ranks(8, R), 4, format, Activation{}, false, 0, 128};
+  const auto experts = make_experts(c, 9);
+  auto backend = make_loaded_backend(name, c, group, experts, stream);
+  auto single = single_rank_group_like(group);
+  auto staged = make_loaded_backend("staged", c, *single, experts, stream);
+  std::set<std::string> paths, expected_paths;
+  RelL2Sum all_calls;
+  int checked = 0;
+  for (int call = 0; call < kCalls; ++call) {
+    const RankInputs in = token_sequence_inputs(c, call, me, R);
+    SCOPED_TRACE(::testing::Message() << "call " << call << " rank " << me << " T=" << in.tokens);
+    int64_t max_tokens_any_rank = -1;
+    if (name == "mega[auto]") {
+      max_tokens_any_rank = 0;
+      for (int r = 0; r < R; ++r)
+        max_tokens_any_rank = std::max<int64_t>(max_tokens_any_rank, token_sequence_count(call, r));
+    }
+    const auto got = forward_once(*backend, group, c, in, stream, max_tokens_any_rank);  // every rank, T = 0 too
+    paths.insert(backend->last_forward_path());
+    if (name == "mega[auto]") {
+      const int64_t rows = max_tokens_any_rank * c.top_k / backend->num_local_experts();
+      const std::string expected = rows > expected_fused_max_rows(c.weight_format) ? "split" : "fused";
+      EXPECT_EQ(backend->last_forward_path(), expected) << "rows per local expert " << rows;
+      expected_paths.insert(expected);
+    }
+    if (in.tokens == 0) continue;
+    const bool bit_exact_to_solo = backend->last_forward_path() != "split" || R == 1;
+    const auto solo = bit_exact_to_solo ? forward_once(*staged, *single, c, in, stream) : std::vector<uint16_t>{};
+    check_sequence_call("mega sequence", call, me, c, experts, in, got, bit_exact_to_solo ? &solo : nullptr,
+                        &all_calls, reference_combine_ranks(*backend, R));
+    checked += in.tokens;
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_LT(all_calls.value(), rel_l2_budget(c.weight_format)) << "rel-L2 of all " << kCalls << " calls together";
+  // Where the heuristic has a fused range (FP8, BF16: up to expected_fused_max_rows rows per local expert)
+  // the changing counts cross it on 1 and 2 ranks. On more ranks a call's agreed T is the largest of more
+  // draws and there are fewer local experts (8 / R): every call of the sequence with tokens takes the split
+  // path there (on 4 and 8 in-process ranks, session 24), so only the per-call choice is checked.
+  // W4A8 takes the split path from one row up (its fused range is empty), so every call with a token
+  // anywhere must have gone split.
+  if (name == "mega[auto]" && expected_fused_max_rows(c.weight_format) > 0 && R <= 2)
+    EXPECT_EQ(paths.size(), 2u) << "the calls should exercise both paths";
+  if (name == "mega[auto]") EXPECT_EQ(paths, expected_paths) << "paths taken vs the heuristic's choices";
+  if (name == "mega[auto]" && expected_fused_max_rows(c.weight_format) == 0)
+    EXPECT_TRUE(paths.count("split")) << "W4A8 auto: the split path on every call with tokens";
+  std::printf("[mega sequence] %s %s rank %d: rel-L2 of %d calls together %.4g\n", name.c_str(),
+              std::string(weight_format_name(format)).c_str(), me, kCalls, all_calls.value());
+  std::fflush(stdout);
+  staged->destroy();
+  single->destroy();
+  backend->destroy();
 }
 
 }  // namespace megamoe::testing

@@ -135,6 +135,44 @@ TEST_P(EpLoopback, StagedMatchesReferenceAndReplaysTwoKernel) {
   run_loopback_ranks(GetParam(), [](EpGroup& group, cudaStream_t stream) { run_staged_suite(group, stream); });
 }
 
+// mega: the persistent kernel on each rank's SM partition (its grid = the partition's SMs, MegaBackend::fused_grid),
+// the multi-GPU suites' bodies (run_mega_*): vs the reference on every routing, bit for bit vs staged on one rank
+// holding every expert, graph replay, repeats; then the split path, many GEMM-2 tiles per CTA, and token counts that
+// change every call.
+TEST_P(EpLoopback, MegaMatchesReferenceOnEveryRouting) {
+  MEGAMOE_LOOPBACK_TEST_START();
+  run_loopback_ranks(GetParam(), [](EpGroup& group, cudaStream_t stream) {
+    run_mega_routing_suite(group, stream, WeightFormat::kFp8Block);
+  });
+}
+
+TEST_P(EpLoopback, MegaBf16AndW4a8MatchReferenceOnEveryRouting) {
+  MEGAMOE_LOOPBACK_TEST_START();
+  run_loopback_ranks(GetParam(), [](EpGroup& group, cudaStream_t stream) {
+    for (WeightFormat format : {WeightFormat::kBf16, WeightFormat::kNvfp4, WeightFormat::kMxfp4})
+      run_mega_routing_suite(group, stream, format);
+  });
+}
+
+TEST_P(EpLoopback, MegaSplitPathAndManyGemm2TilesPerCta) {
+  MEGAMOE_LOOPBACK_TEST_START();
+  run_loopback_ranks(GetParam(), [](EpGroup& group, cudaStream_t stream) {
+    for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kNvfp4}) {
+      run_mega_routing_suite(group, stream, format, "mega[split]");
+      run_mega_many_gemm2_tiles(group, stream, format);
+    }
+  });
+}
+
+TEST_P(EpLoopback, MegaChangingTokenCountsEveryCall) {
+  MEGAMOE_LOOPBACK_TEST_START();
+  run_loopback_ranks(GetParam(), [](EpGroup& group, cudaStream_t stream) {
+    for (const char* name : {"mega[fused]", "mega[split]", "mega[auto]"})
+      run_mega_token_sequence(group, stream, WeightFormat::kFp8Block, name);
+    run_mega_token_sequence(group, stream, WeightFormat::kNvfp4, "mega[fused]");
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, EpLoopback, ::testing::Values(2, 3, 4, 8),
                          [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "ranks"; });
 
@@ -178,16 +216,20 @@ TEST(EpLoopbackErrors, StalledPeerInCombineTimesOutWithItsName) {
       options);
 }
 
-// The mega backend's persistent kernel needs a GPU per rank: refused up front on in-process ranks.
-TEST(EpLoopbackErrors, MegaRefusesInProcessRanks) {
+// mega on in-process ranks whose streams share every SM (no partitions): each rank's grid would hold SMs a peer's grid
+// needs while it waits for that peer, so every rank refuses before it launches, naming the partition it needs.
+TEST(EpLoopbackErrors, MegaRefusesRanksWithoutTheirOwnSms) {
   MEGAMOE_LOOPBACK_TEST_START();
-  run_loopback_ranks(2, [](EpGroup& group, cudaStream_t) {
+  ScopedEnv plain_streams("MEGAMOE_LOOPBACK_PARTITIONS", "0");
+  run_loopback_ranks(2, [](EpGroup& group, cudaStream_t stream) {
     const MoeConfig c{256, 256, 8, 2, WeightFormat::kFp8Block, Activation{}, false, 0, 64};
+    const auto experts = make_experts(c, 5);
     try {
-      make_test_backend("mega", c, &group);
-      ADD_FAILURE() << "mega was created on in-process ranks";
+      make_loaded_backend("mega[fused]", c, group, experts, stream);  // warmup runs a forward
+      ADD_FAILURE() << "rank " << group.rank() << ": mega ran on a stream holding every SM";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("needs one GPU per rank"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("needs each rank's stream on its own SM partition"), std::string::npos)
+          << e.what();
     }
   });
 }

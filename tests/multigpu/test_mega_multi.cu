@@ -13,70 +13,34 @@
 namespace megamoe::testing {
 namespace {
 
-// mega on N ranks vs staged on ONE rank holding every expert (BackendCaseOptions::compare_on_single_rank):
-// 0 differing elements. Per row the GEMMs are the same device code on the same bytes wherever the row
-// is computed, and mega's combine sums a token's k slots in one fp32 chain on any rank count, as staged
-// does on one rank. (A multi-rank staged rounds each rank's partial sum to bf16 first: that differs from
-// mega by up to that rounding, and both are checked against the reference instead.)
-// `name`: "mega[fused]" (the one kernel) or "mega[split]" (the staged pipeline on mega's weights, which
-// rounds each rank's partial like staged: it is compared with staged on the same group, bit for bit).
-void matches_reference_on_every_routing(const LaunchedRank& rank, WeightFormat format,
-                                        const std::string& name = "mega[fused]") {
-  const bool split = name == "mega[split]";
+// Runs a suite body of common/ep_harness.h (run_mega_*, shared with the in-process suites of
+// tests/gpu/test_ep_loopback.cu) on a fresh group of this launched rank, with its own stream.
+template <class Body>
+void with_group(const LaunchedRank& rank, Body&& body) {
   auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
   DeviceStream s(group->device());
-  const int R = rank.ranks;
-  for (Routing routing : {Routing::kUniform, Routing::kSkewed, Routing::kAllToRank0, Routing::kPadded}) {
-    LayerCase lc;
-    lc.config = MoeConfig{256, 256, experts_for_ranks(8, R), 3, format, Activation{}, false, 0, 96};
-    lc.routing = routing;
-    lc.seed = 41 + static_cast<int>(routing);
-    lc.tokens_per_rank = spread_tokens(61, 83, R);  // unequal
-    BackendCaseOptions options;
-    options.graph_replay = routing == Routing::kUniform || routing == Routing::kAllToRank0;
-    options.repeats = 3;
-    options.compare_with = routing == Routing::kUniform || routing == Routing::kPadded ? "staged" : nullptr;
-    options.compare_on_single_rank = !split;
-    options.max_differing = 0;
-    run_backend_case(name, *group, lc, s.stream, options);
-  }
-  LayerCase empty_rank;  // rank 0 has no tokens at all
-  empty_rank.config = MoeConfig{256, 256, experts_for_ranks(8, R), 2, format, Activation{}, false, 0, 64};
-  empty_rank.tokens_per_rank = spread_tokens(0, 50, R);
-  BackendCaseOptions replay;
-  replay.graph_replay = true;
-  run_backend_case(name, *group, empty_rank, s.stream, replay);
-  LayerCase wide;  // DeepSeek-like width and top-k, 128-row tiles, clamped SwiGLU with top-k in fc1
-  wide.config = MoeConfig{1024, 512, experts_for_ranks(16, R), 8, format, Activation{Activation::Kind::kSwigluClamped, 7.0f, 1.702f}, true,
-                          0, 300};
-  wide.tokens_per_rank = spread_tokens(200, 151, R);
-  BackendCaseOptions repeat;
-  repeat.repeats = 5;
-  repeat.compare_with = "staged";
-  repeat.compare_on_single_rank = !split;
-  repeat.max_differing = 0;
-  run_backend_case(name, *group, wide, s.stream, repeat);
+  body(*group, s.stream);
   group->destroy();
 }
 
 TEST(MegaMulti, MatchesReferenceOnEveryRouting) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  matches_reference_on_every_routing(rank, WeightFormat::kFp8Block);
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_routing_suite(g, st, WeightFormat::kFp8Block); });
 }
 
 TEST(MegaMulti, Bf16MatchesReferenceOnEveryRouting) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  matches_reference_on_every_routing(rank, WeightFormat::kBf16);
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_routing_suite(g, st, WeightFormat::kBf16); });
 }
 
 TEST(MegaMulti, Nvfp4MatchesReferenceOnEveryRouting) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  matches_reference_on_every_routing(rank, WeightFormat::kNvfp4);
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_routing_suite(g, st, WeightFormat::kNvfp4); });
 }
 
 TEST(MegaMulti, Mxfp4MatchesReferenceOnEveryRouting) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  matches_reference_on_every_routing(rank, WeightFormat::kMxfp4);
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_routing_suite(g, st, WeightFormat::kMxfp4); });
 }
 
 // The split path (mega_path_heuristics.h) on every routing, an empty rank with graph replay, and the
@@ -85,122 +49,40 @@ TEST(MegaMulti, Mxfp4MatchesReferenceOnEveryRouting) {
 // runs every format on both paths).
 TEST(MegaMulti, SplitPathMatchesReferenceOnEveryRouting) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  matches_reference_on_every_routing(rank, WeightFormat::kFp8Block, "mega[split]");
-  matches_reference_on_every_routing(rank, WeightFormat::kNvfp4, "mega[split]");
-}
-
-// Many GEMM-2 tiles per CTA with rows bound for both ranks: H = 4096 (16 GEMM-2 n-tiles per m-tile),
-// ~512 rows per local expert (128-row tiles, ~17 m-tiles per rank), so most CTAs run two GEMM-2 tiles
-// whose bulk copies go to peer and local combine rows, with the pieces of the first counted after the
-// second (count_combine_pieces). mega == single-rank staged bit for bit, and the reference.
-void many_gemm2_tiles_per_cta(const LaunchedRank& rank, WeightFormat format) {
-  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  DeviceStream s(group->device());
-  LayerCase lc;
-  lc.config = MoeConfig{4096, 128, experts_for_ranks(8, rank.ranks), 2, format, Activation{}, false, 0, 1024};
-  lc.tokens_per_rank = spread_tokens(1024, 1000, rank.ranks);
-  lc.seed = 88;
-  BackendCaseOptions options;
-  options.compare_with = "staged";
-  options.compare_on_single_rank = true;
-  options.max_differing = 0;
-  run_backend_case("mega[fused]", *group, lc, s.stream, options);  // the fused kernel's tiling is the subject
-  group->destroy();
+  for (WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kNvfp4})
+    with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_routing_suite(g, st, format, "mega[split]"); });
 }
 
 TEST(MegaMulti, ManyGemm2TilesPerCta) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  many_gemm2_tiles_per_cta(rank, WeightFormat::kFp8Block);
-  many_gemm2_tiles_per_cta(rank, WeightFormat::kBf16);
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_many_gemm2_tiles(g, st, WeightFormat::kFp8Block); });
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_many_gemm2_tiles(g, st, WeightFormat::kBf16); });
 }
 
 TEST(MegaMulti, W4a8ManyGemm2TilesPerCta) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  many_gemm2_tiles_per_cta(rank, WeightFormat::kNvfp4);
-  many_gemm2_tiles_per_cta(rank, WeightFormat::kMxfp4);
-}
-
-// 24 calls with a different T on every rank each call (0 included; kSkewed every third call, else
-// kPadded), one backend: stale counters or rows of a previous call would break the next. Per call: the
-// elementwise bound vs the host reference, rel-L2 under kSequenceCallRelL2Ceiling x budget, and, where
-// the forward took the fused path (or runs on one rank), mega == staged on ONE rank holding every expert
-// bit for bit (see matches_reference_on_every_routing); the budget applies to the rel-L2 of all calls
-// together (NOTES at kSequenceCallRelL2Ceiling: issue 5's W4A8 call 0 at T = 35 gave 0.0114 with every
-// other check passing).
-// `name`: "mega[fused]", "mega[split]", or "mega[auto]" with MoeInputs::max_tokens_any_rank set to the
-// largest T of the call (every rank computes every rank's T): rows = that * 4 / (8 / ranks), so the
-// heuristic switches between the paths from call to call, every rank the same way, zero-token ranks
-// included. The split path on R > 1 ranks rounds each rank's partial sum to bf16 like multi-rank staged,
-// so it is judged against the reference with that model and not bit for bit against one-rank staged.
-void changing_token_counts_every_call(const LaunchedRank& rank, WeightFormat format, const std::string& name) {
-  SCOPED_TRACE(name);
-  constexpr int kCalls = 24;
-  auto group = EpGroup::bootstrap(rank.rank, rank.ranks, rank.rendezvous);
-  DeviceStream s(group->device());
-  const MoeConfig c{256, 256, experts_for_ranks(8, rank.ranks), 4, format, Activation{}, false, 0, 128};
-  const auto experts = make_experts(c, 9);
-  auto backend = make_loaded_backend(name, c, *group, experts, s.stream);
-  auto single = single_rank_group({}, group->device());
-  auto staged = make_loaded_backend("staged", c, *single, experts, s.stream);
-  std::set<std::string> paths;
-  RelL2Sum all_calls;
-  int checked = 0;
-  for (int call = 0; call < kCalls; ++call) {
-    const RankInputs in = token_sequence_inputs(c, call, rank.rank, rank.ranks);
-    SCOPED_TRACE(::testing::Message() << "call " << call << " rank " << rank.rank << " T=" << in.tokens);
-    int64_t max_tokens_any_rank = -1;
-    if (name == "mega[auto]") {
-      max_tokens_any_rank = 0;
-      for (int r = 0; r < rank.ranks; ++r)
-        max_tokens_any_rank = std::max<int64_t>(max_tokens_any_rank, token_sequence_count(call, r));
-    }
-    const auto got = forward_once(*backend, *group, c, in, s.stream, max_tokens_any_rank);  // every rank, T = 0 too
-    paths.insert(backend->last_forward_path());
-    if (name == "mega[auto]") {
-      const int64_t rows = max_tokens_any_rank * c.top_k / backend->num_local_experts();
-      EXPECT_EQ(backend->last_forward_path(), rows > expected_fused_max_rows(c.weight_format) ? "split" : "fused")
-          << "rows per local expert " << rows;
-    }
-    if (in.tokens == 0) continue;
-    const bool bit_exact_to_solo = backend->last_forward_path() != "split" || rank.ranks == 1;
-    const auto solo = bit_exact_to_solo ? forward_once(*staged, *single, c, in, s.stream) : std::vector<uint16_t>{};
-    check_sequence_call("mega sequence", call, rank.rank, c, experts, in, got, bit_exact_to_solo ? &solo : nullptr,
-                        &all_calls, reference_combine_ranks(*backend, rank.ranks));
-    checked += in.tokens;
-  }
-  EXPECT_GT(checked, 0);
-  EXPECT_LT(all_calls.value(), rel_l2_budget(c.weight_format)) << "rel-L2 of all " << kCalls << " calls together";
-  // Where the heuristic has a fused range (FP8, BF16: up to expected_fused_max_rows rows per local expert)
-  // the changing counts cross it; W4A8 takes the split path from one row up (its fused range is empty),
-  // so every call with a token anywhere must have gone split.
-  if (name == "mega[auto]" && expected_fused_max_rows(c.weight_format) > 0)
-    EXPECT_EQ(paths.size(), 2u) << "the calls should exercise both paths";
-  if (name == "mega[auto]" && expected_fused_max_rows(c.weight_format) == 0)
-    EXPECT_TRUE(paths.count("split")) << "W4A8 auto: the split path on every call with tokens";
-  std::printf("[mega sequence] %s %s rank %d: rel-L2 of %d calls together %.4g\n", name.c_str(),
-              std::string(weight_format_name(format)).c_str(), rank.rank, kCalls, all_calls.value());
-  std::fflush(stdout);
-  staged->destroy();
-  single->destroy();
-  backend->destroy();
-  group->destroy();
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_many_gemm2_tiles(g, st, WeightFormat::kNvfp4); });
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_many_gemm2_tiles(g, st, WeightFormat::kMxfp4); });
 }
 
 TEST(MegaMulti, ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
   for (const char* name : {"mega[fused]", "mega[split]", "mega[auto]"})
-    changing_token_counts_every_call(rank, WeightFormat::kFp8Block, name);
+    with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_token_sequence(g, st, WeightFormat::kFp8Block, name); });
 }
 
 TEST(MegaMulti, Bf16ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  for (const char* name : {"mega[fused]", "mega[auto]"}) changing_token_counts_every_call(rank, WeightFormat::kBf16, name);
+  for (const char* name : {"mega[fused]", "mega[auto]"})
+    with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_token_sequence(g, st, WeightFormat::kBf16, name); });
 }
 
 TEST(MegaMulti, W4a8ChangingTokenCountsEveryCall) {
   MEGAMOE_RUN_ON_TEST_RANKS(rank);
-  for (const char* name : {"mega[fused]", "mega[auto]"}) changing_token_counts_every_call(rank, WeightFormat::kNvfp4, name);
-  changing_token_counts_every_call(rank, WeightFormat::kMxfp4, "mega[auto]");  // auto: split on every call
+  for (const char* name : {"mega[fused]", "mega[auto]"})
+    with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_token_sequence(g, st, WeightFormat::kNvfp4, name); });
+  // auto: split on every call
+  with_group(rank, [&](EpGroup& g, cudaStream_t st) { run_mega_token_sequence(g, st, WeightFormat::kMxfp4, "mega[auto]"); });
 }
 
 // The fused kernel's FP8 GEMM 1 on the ONE W13 (kGateUpInterleaved8, docs/mega.md "One W13") on N ranks at exactly
