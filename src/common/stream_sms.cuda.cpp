@@ -1,4 +1,4 @@
-// stream_sm_count: the SMs of a stream's green context (see stream_sms.h).
+// stream_green_context_sms: the SMs of a stream's green context (see stream_sms.h).
 #include "common/stream_sms.h"
 
 #include <cuda.h>
@@ -36,27 +36,20 @@ const GreenContextEntryPoints& green_context_entry_points() {
 
 }  // namespace
 
-StreamSms stream_sm_count(cudaStream_t stream, int device) {
-  StreamSms result;
-  MEGAMOE_CUDA_CHECK(cudaDeviceGetAttribute(&result.device_sms, cudaDevAttrMultiProcessorCount, device));
-  result.sms = result.device_sms;
+int stream_green_context_sms(cudaStream_t stream) {
   // NOTES: the default streams (0, cudaStreamLegacy, cudaStreamPerThread) belong to the primary context, never to a
   // green context; only a created stream can be one (cuGreenCtxStreamCreate).
-  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return result;
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return 0;
   const GreenContextEntryPoints& driver = green_context_entry_points();
-  if (driver.stream_green_ctx == nullptr || driver.green_ctx_resource == nullptr) return result;
+  if (driver.stream_green_ctx == nullptr || driver.green_ctx_resource == nullptr) return 0;
   CUgreenCtx green = nullptr;
   if (driver.stream_green_ctx(reinterpret_cast<CUstream>(stream), &green) != CUDA_SUCCESS || green == nullptr)
-    return result;  // a stream of an ordinary context
+    return 0;  // a stream of an ordinary context
   CUdevResource resource{};
   const CUresult status = driver.green_ctx_resource(green, &resource, CU_DEV_RESOURCE_TYPE_SM);
   MEGAMOE_CHECK(status == CUDA_SUCCESS, "cuGreenCtxGetDevResource failed (CUresult ", static_cast<int>(status),
                 ") for the green context of stream ", static_cast<const void*>(stream));
-  if (resource.sm.smCount > 0 && static_cast<int>(resource.sm.smCount) <= result.device_sms) {
-    result.sms = static_cast<int>(resource.sm.smCount);
-    result.partition = true;
-  }
-  return result;
+  return static_cast<int>(resource.sm.smCount);
 }
 
 }  // namespace megamoe::detail

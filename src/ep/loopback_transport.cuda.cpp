@@ -38,23 +38,23 @@ struct EpLoopbackFabric {
   };
   std::vector<Slot> slots;
   std::array<size_t, kMaxEpRanks> allocations_made{};
-  std::vector<void*> owned;  // freed when the last owner lets go (a rank's peer may still hold its pointers)
   // Every window is followed by kGuardBytes of kGuardByte (an overflow check the NCCL transport cannot make):
   // check_ep_loopback_guards() reports the windows whose guard changed.
   static constexpr size_t kGuardBytes = 64 * 1024;
   static constexpr unsigned char kGuardByte = 0xA5;
-  struct Guarded {
+  struct Window {
     int rank;
     size_t slot, bytes;
-    unsigned char* guard;
+    void* base;            // the allocation: freed when the last owner lets go (a rank's peer may still hold it)
+    unsigned char* guard;  // base + bytes rounded up to 256
   };
-  std::vector<Guarded> guards;
+  std::vector<Window> windows;
 
   ~EpLoopbackFabric() {
-    if (owned.empty()) return;
+    if (windows.empty()) return;
     cudaSetDevice(device);
     cudaDeviceSynchronize();  // no kernel of any rank may still touch a window
-    for (void* p : owned) cudaFree(p);
+    for (const Window& w : windows) cudaFree(w.base);
   }
 
   // Bounded rendezvous of all ranks at the collective `what`.
@@ -109,12 +109,12 @@ std::shared_ptr<EpLoopbackFabric> make_ep_loopback_fabric(int ranks, int device)
 
 std::string check_ep_loopback_guards(EpLoopbackFabric& fabric) {
   std::lock_guard<std::mutex> lock(fabric.mutex);
-  if (fabric.guards.empty()) return "";
+  if (fabric.windows.empty()) return "";
   MEGAMOE_CUDA_CHECK(cudaSetDevice(fabric.device));
   MEGAMOE_CUDA_CHECK(cudaDeviceSynchronize());
   std::string report;
   std::vector<unsigned char> host(EpLoopbackFabric::kGuardBytes);
-  for (const auto& g : fabric.guards) {
+  for (const auto& g : fabric.windows) {
     MEGAMOE_CUDA_CHECK(cudaMemcpy(host.data(), g.guard, host.size(), cudaMemcpyDeviceToHost));
     size_t first = host.size(), last = 0, changed = 0;
     for (size_t i = 0; i < host.size(); ++i)
@@ -155,8 +155,7 @@ class LoopbackTransport final : public EpTransport {
     size_t slot = 0;
     {
       std::lock_guard<std::mutex> lock(fabric_->mutex);
-      fabric_->owned.push_back(local);
-      fabric_->guards.push_back({rank_, fabric_->allocations_made[rank_], bytes, guard});
+      fabric_->windows.push_back({rank_, fabric_->allocations_made[rank_], bytes, local, guard});
       slot = fabric_->allocations_made[rank_]++;
       if (fabric_->slots.size() <= slot) fabric_->slots.resize(slot + 1);
       fabric_->slots[slot].pointers[rank_] = local;

@@ -444,21 +444,22 @@ class MegaBackend final : public MoeBackend {
   void require_alive(const char* call) const {
     MEGAMOE_CHECK(!destroyed_, "backend mega: ", call, " called after destroy()");
   }
-  // The fused kernel's grid: one CTA per SM the stream can use (detail::stream_sm_count: the device's, or its green
-  // context's). NOTES: the persistent kernel's CTAs wait on each other (rows gathered, GEMM-1 tiles done) and on the
-  // peers' kernels, so every CTA of every rank must be resident at once. Across GPUs that is the cooperative launch.
-  // In-process ranks of ONE GPU (EpGroup::loopback) share its SMs: each rank needs its own SM partition (a green-
-  // context stream, as tests/common/sm_partition.h makes) of at most device SMs / ranks, or the first rank's grid
-  // would hold SMs that a peer's grid needs while it waits for that peer; refused here before anything is launched.
+  // The fused kernel's grid: one CTA per SM the stream can use (its green context's, detail::stream_green_context_sms,
+  // else the device's). NOTES: the persistent kernel's CTAs wait on each other (rows gathered, GEMM-1 tiles done) and
+  // on the peers' kernels, so every CTA of every rank must be resident at once. Across GPUs that is the cooperative
+  // launch. In-process ranks of ONE GPU (EpGroup::loopback) share its SMs: each rank needs its own SM partition (a
+  // green-context stream, as tests/common/sm_partition.h makes) of at most device SMs / ranks, or the first rank's
+  // grid would hold SMs that a peer's grid needs while it waits for that peer; refused here before anything is launched.
   int fused_grid(cudaStream_t stream) const {
-    const detail::StreamSms sms = detail::stream_sm_count(stream, ep_->device());
+    const int partition_sms = std::min(detail::stream_green_context_sms(stream), device_sms_);
+    const int sms = partition_sms > 0 ? partition_sms : device_sms_;
     const int ranks = ep_->size();
-    MEGAMOE_CHECK(!ep_->is_loopback() || ranks == 1 || (sms.partition && sms.sms * ranks <= sms.device_sms),
+    MEGAMOE_CHECK(!ep_->is_loopback() || ranks == 1 || (partition_sms > 0 && sms * ranks <= device_sms_),
                   "backend mega on in-process ranks (EpGroup::loopback, ", ranks, " ranks on one GPU) needs each rank's "
-                  "stream on its own SM partition (a green context of at most ", sms.device_sms / ranks, " of the ",
-                  sms.device_sms, " SMs): rank ", ep_->rank(), "'s stream ", static_cast<const void*>(stream), " can use ",
-                  sms.sms, " SMs", sms.partition ? "" : " (no green context)");
-    return sms.sms;
+                  "stream on its own SM partition (a green context of at most ", device_sms_ / ranks, " of the ",
+                  device_sms_, " SMs): rank ", ep_->rank(), "'s stream ", static_cast<const void*>(stream), " can use ",
+                  sms, " SMs", partition_sms > 0 ? "" : " (no green context)");
+    return sms;
   }
   void* alloc(size_t bytes) {
     void* ptr = nullptr;
@@ -480,7 +481,7 @@ class MegaBackend final : public MoeBackend {
   MegaFormat format_ = MegaFormat::kFp8Block;
   ActivationMaps maps_[2]{};
   CUtensorMap w13_map_{}, w2_map_{};
-  int device_sms_ = 0;  // the phase stamp buffer's CTA rows (the largest grid)
+  int device_sms_ = 0;  // the largest grid (fused_grid) and the phase stamp buffer's CTA rows
   int last_ctas_ = 0;   // the last fused launch's grid (fused_grid)
   int local_experts_ = 0, first_expert_ = 0;
   bool destroyed_ = false;
