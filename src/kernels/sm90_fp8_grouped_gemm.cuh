@@ -143,6 +143,13 @@ struct GroupedGemmLayout {
   static constexpr bool kGateUpSplitNInterleaved8 = kSplitNInterleaved;
   static_assert(!kSplitNInterleaved || (kWarpgroupsM == 1 && kEpilogue == Epilogue::kSwigluQuantFp8 && kSharedScales),
                 "split-N GEMM 1 on interleaved W13: the fused kernel's split-N SwiGLU layout with shared scales");
+  // `empty` arrivals per math warp and stage: lane 0's (1), or every lane's (32) where the math threads read the
+  // stage's scale slot per wgmma group (kSplitNInterleaved, fp8_kblock_groups kScalesPerGroup). NOTES: an
+  // mbarrier arrival releases only the arriving thread's own accesses (PTX memory model), so with lane 0 alone
+  // the other lanes' scale reads are not ordered before the scale warp's next cp.async into the slot; racecheck
+  // reports exactly that (docs/perf.md "Session 25"; a __syncwarp() before lane 0's arrival did not satisfy
+  // it). The other layouts keep one arrival per warp (racecheck-clean; their GEMMs are the staged hot path).
+  static constexpr int kEmptyArrivalsPerWarp = kSplitNInterleaved ? 32 : 1;
   static constexpr int kStageCount = kStages;
   static constexpr int kRowsPerWarpgroup = 64 * kSubTilesM;
   static constexpr int kBlockM = kRowsPerWarpgroup * kWarpgroupsM;
@@ -231,6 +238,14 @@ struct LayoutClusterSize<Layout, std::void_t<decltype(Layout::kClusterSize)>> {
   static constexpr int value = Layout::kClusterSize;
 };
 
+// `empty` arrivals per math warp and stage of a layout: Layout::kEmptyArrivalsPerWarp where it has one
+// (GroupedGemmLayout), else 1 (lane 0).
+template <class Layout>
+constexpr int layout_empty_arrivals_per_warp() {
+  if constexpr (requires { Layout::kEmptyArrivalsPerWarp; }) return Layout::kEmptyArrivalsPerWarp;
+  else return 1;
+}
+
 template <class Layout>
 struct Fp8GemmShared {
   uint8_t* a_tiles;
@@ -256,17 +271,26 @@ struct Fp8GemmShared {
     table_base = shared + Layout::kTableOffset;
   }
   // One thread, before the CTA's first __syncthreads(). `full` completes on the TMA producer's
-  // arrive-expect (+ its bytes) and, with shared scales, one cp.async arrival per scale-warp lane.
+  // arrive-expect (+ its bytes) and, with shared scales, one cp.async arrival per scale-warp lane; `empty` on
+  // layout_empty_arrivals_per_warp arrivals of every math warp (release_stage).
   // Clusters (LayoutClusterSize > 1, the v11 cluster kernels): `empty` takes one arrival per math warp of
   // EVERY CTA of the cluster (the peers multicast into this CTA's stages: docs/grouped_gemm.md "v11 clusters").
   __device__ __forceinline__ void init_barriers() const {
     for (int s = 0; s < Layout::kStageCount; ++s) {
       barrier_init(&full[s], Layout::kScalesInShared ? 1 + 32 : 1);
-      barrier_init(&empty[s], kMathWarpgroups * 4 * LayoutClusterSize<Layout>::value);  // lane 0 of every math warp
+      barrier_init(&empty[s],
+                   kMathWarpgroups * 4 * layout_empty_arrivals_per_warp<Layout>() * LayoutClusterSize<Layout>::value);
     }
     barrier_init_fence();
   }
 };
+
+// A math warp is done with the stage (its wgmma waited and its reads of the scale slot issued): lane 0 arrives on
+// `empty`, or every lane where the layout counts per-thread arrivals (layout_empty_arrivals_per_warp).
+template <class Layout>
+__device__ __forceinline__ void release_stage(const Fp8GemmShared<Layout>& smem, int stage, int lane) {
+  if (layout_empty_arrivals_per_warp<Layout>() == 32 || lane == 0) barrier_arrive(&smem.empty[stage]);
+}
 
 // Stage index + phase bit of one side of the ring.
 template <int kStages>
@@ -539,7 +563,7 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
       promote((g - 1) / 2, (g - 1) % 2);
     }
     wgmma_wait<0>();
-    if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+    release_stage(smem, cursor.stage, lane);
     cursor.advance();
     promote(kSubTilesM - 1, 1);
   }
@@ -561,9 +585,10 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
 // 0; the epilogues never store rows past the expert's end). The stage is still released exactly once.
 // kScalesPerGroup (the split-N interleaved GEMM-1 tiles, kSplitNGatePairs): scale_a / scale_b are not used; each
 // group reads its two A scales (slot[scale_row + 64 s + {0, 8}]) and the gate / up pair (slot[b_slot + {0, 1}])
-// from the stage's scale slot as it issues its wgmma (the slot stays valid until this warpgroup's `empty` arrival
-// after the last group's wait), so no group's scales are live across another group's MMAs: with 128 x 256 split-N
-// tiles (128 accumulators + 64 partials) the up-front pairs cost the fused kernel a spilled register. Same values,
+// from the stage's scale slot as it issues its wgmma (the slot stays valid until this warpgroup's `empty` arrivals
+// after the last group's wait: one per thread, Layout::kEmptyArrivalsPerWarp), so no group's scales are live across
+// another group's MMAs: with 128 x 256 split-N tiles (128 accumulators + 64 partials) the up-front pairs cost the
+// fused kernel a spilled register (session 25: no longer, measured no faster or slower). Same values,
 // same products, same FFMAs.
 template <class Layout, MathSchedule kSchedule, bool kScalesPerGroup = false>
 __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::kGroups][64], float (&partial)[64],
@@ -577,7 +602,7 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
   constexpr int kGroupsN = Layout::kGroupsN;
   const int lane = threadIdx.x % 32;
   if (active_sub_tiles == 0) {  // nothing of this warpgroup's rows in the tile: release the stage unread
-    if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+    release_stage(smem, cursor.stage, lane);
     cursor.advance();
     return;
   }
@@ -607,7 +632,7 @@ __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::k
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_operand(partial[i]);
     if (g == Layout::kGroups - 1 || (n == kGroupsN - 1 && s + 1 >= active_sub_tiles)) {
-      if (lane == 0) barrier_arrive(&smem.empty[cursor.stage]);
+      release_stage(smem, cursor.stage, lane);
       cursor.advance();
     }
     // The same products either way (kScalesPerGroup only changes where the four factors come from).
