@@ -49,10 +49,13 @@ if [ "${SANITIZE:-1}" = 1 ] && [ "${TESTS:-1}" = 1 ]; then
   step memcheck 180 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "$build/tests/megamoe_tests_gpu" \
        --gtest_filter="${SANITIZE_FILTER:-GroupedGemmFp8.PlainSplitNSmallGroups:RouterCuda.*:*Bf16*Small*:GroupedGemmW4a8.PlainRandomShapes}"
   # mega (issue #5: memcheck and racecheck clean at a small shape on one GPU): the persistent kernel's
-  # spin waits make racecheck slow, so one small case per tool.
-  step mega_sanitize 240 bash -c 'for tool in memcheck racecheck; do compute-sanitizer --tool $tool --error-exitcode 1 \
+  # spin waits make racecheck slow, so few cases: one rank, and the FP8 routing suite on 2 in-process ranks
+  # (session 24's racecheck finding showed only there; MEGAMOE_LOOPBACK_CHILD=1 keeps it in this process,
+  # with the child's environment; --report-api-errors no: the NCCL / cuBLAS probes' API return codes are not kernel errors).
+  step mega_sanitize 240 bash -c 'for tool in memcheck racecheck; do MEGAMOE_LOOPBACK_CHILD=1 CUDA_MODULE_LOADING=EAGER \
+       CUDA_DEVICE_MAX_CONNECTIONS=32 MEGAMOE_EP_TIMEOUT_MS=120000 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 1 \
        "$0" --gtest_filter="$1" || exit 1; done' "$build/tests/megamoe_tests_gpu" \
-       "${MEGA_SANITIZE_FILTER:-MegaSingle.ZeroTokensAndChangingTokenCounts/fp8_block}"
+       "${MEGA_SANITIZE_FILTER:-MegaSingle.ZeroTokensAndChangingTokenCounts/fp8_block:Ranks/EpLoopback.MegaMatchesReferenceOnEveryRouting/2ranks}"
   # The v5 schedules' named barriers: races show up here, not in memcheck (small tests, each schedule).
   step synccheck 200 bash -c 'for schedule in pingpong overlap; do MEGAMOE_FP8_GEMM_SCHEDULE=$schedule \
        compute-sanitizer --tool synccheck --error-exitcode 1 "$0" --gtest_filter="$1" || exit 1; done' \
