@@ -588,8 +588,8 @@ __device__ __forceinline__ void fp8_tile_mainloop_half_overlap(float (&accumulat
 // from the stage's scale slot as it issues its wgmma (the slot stays valid until this warpgroup's `empty` arrivals
 // after the last group's wait: one per thread, Layout::kEmptyArrivalsPerWarp), so no group's scales are live across
 // another group's MMAs: with 128 x 256 split-N tiles (128 accumulators + 64 partials) the up-front pairs cost the
-// fused kernel a spilled register (session 25: no longer, measured no faster or slower). Same values,
-// same products, same FFMAs.
+// fused kernel a spilled register (session 25: reading them up front compiled without a spill and measured the
+// same). Same values, same products, same FFMAs.
 template <class Layout, MathSchedule kSchedule, bool kScalesPerGroup = false>
 __device__ __forceinline__ void fp8_kblock_groups(float (&accumulator)[Layout::kGroups][64], float (&partial)[64],
                                                   const Fp8GemmShared<Layout>& smem,
