@@ -1,8 +1,13 @@
 // `megamoe bench ep`: EP dispatch/combine bandwidth and the staged layer, one process per GPU.
 //   megamoe bench ep --ranks 2 --tokens 4096 --hidden 7168            (dispatch + combine GB/s)
 //   megamoe bench ep --ranks 2 --staged --preset qwen3-30b --tokens 512  (staged forward time)
+//   megamoe bench ep --ranks 2 --loopback --tokens 4096 --hidden 7168  (in-process ranks of GPU 0)
 // Rank 0 prints the table (and --json). Timing: median over --iters of per-phase CUDA events on
 // rank 0, each iteration after a device barrier.
+// --loopback: the ranks are threads of this process on one GPU (EpGroup::loopback), each on its own SM
+// partition (src/common/sm_partition.h); every "remote" store lands in the same HBM, so the GB/s say nothing
+// about NVLink: the ranks share one GPU's SMs and HBM (what a one-GPU machine can measure of dispatch / combine
+// changes on the HBM side; docs/ep.md "Benchmarks").
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -15,16 +20,20 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "megamoe/ep.h"
 #include "megamoe/ep_dispatch.h"
 #include "megamoe/error_cuda.h"
+#include "src/common/sm_partition.h"
 #include "src/moe/staged_backend.h"
 
 namespace megamoe::tool {
@@ -32,7 +41,7 @@ namespace {
 
 struct BenchEpOptions {
   int ranks = 2, tokens = 4096, hidden = 7168, top_k = 8, experts = 256, intermediate = 2048, iters = 20;
-  bool staged = false;
+  bool staged = false, loopback = false;
   std::string preset, format = "fp8", json;
   uint64_t seed = 1234;
 };
@@ -142,21 +151,20 @@ void time_dispatch_combine(const BenchEpOptions& o, EpGroup& group, const Tensor
     io.destroy();
 }
 
-int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
-  auto group = EpGroup::bootstrap(lr.rank, lr.ranks, lr.rendezvous);
-  cudaStream_t stream;
-  MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  group->warmup(stream);
-  Inputs in(o, lr.rank);
+// One rank's measurements on its group and stream (both launch modes); rank 0 prints and writes --json.
+void run_on_group(const BenchEpOptions& o, EpGroup& group, cudaStream_t stream, const std::string& mode) {
+  const int rank = group.rank(), ranks = group.size();
+  group.warmup(stream);
+  Inputs in(o, rank);
   const auto hidden = TensorView::make2d(in.hidden, DType::kBF16, o.tokens, o.hidden, Device::kCuda);
   const auto ids = TensorView::make2d(in.ids, DType::kI32, o.tokens, o.top_k, Device::kCuda);
   const auto weights = TensorView::make2d(in.weights, DType::kF32, o.tokens, o.top_k, Device::kCuda);
   const auto out = TensorView::make2d(in.out, DType::kBF16, o.tokens, o.hidden, Device::kCuda);
   cudaEvent_t ev[3];
   for (auto& e : ev) MEGAMOE_CUDA_CHECK(cudaEventCreate(&e));
-  nlohmann::json result = {{"ranks", lr.ranks}, {"staged", false}, {"tokens_per_rank", o.tokens}, {"hidden", o.hidden},
-                           {"top_k", o.top_k}, {"experts", o.experts}};
-  time_dispatch_combine(o, *group, hidden, ids, weights, out, stream, ev, result);
+  nlohmann::json result = {{"ranks", ranks}, {"staged", false}, {"tokens_per_rank", o.tokens}, {"hidden", o.hidden},
+                           {"top_k", o.top_k}, {"experts", o.experts}, {"mode", mode}};
+  time_dispatch_combine(o, group, hidden, ids, weights, out, stream, ev, result);
   if (o.staged) {
     MoeConfig config;
     config.hidden = o.hidden;
@@ -165,7 +173,7 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
     config.top_k = o.top_k;
     config.weight_format = parse_weight_format(o.format);
     config.max_tokens_per_rank = o.tokens;
-    auto backend = make_staged_backend(config, group.get());
+    auto backend = make_staged_backend(config, &group);
     const bool fp8 = config.weight_format == WeightFormat::kFp8Block;
     std::mt19937 rng(static_cast<uint32_t>(o.seed));
     auto fill = [&](formats::QuantizedMatrix& m, int64_t rows, int64_t cols) {
@@ -191,11 +199,11 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
     MoeOutputs outputs{out};
     std::vector<float> forward_us;
     for (int it = 0; it < o.iters + 2; ++it) {
-      group->barrier(stream);
+      group.barrier(stream);
       MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[0], stream));
       backend->forward(inputs, outputs, stream);
       MEGAMOE_CUDA_CHECK(cudaEventRecord(ev[1], stream));
-      group->synchronize(stream);
+      group.synchronize(stream);
       float a = 0;
       MEGAMOE_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
       if (it >= 2) forward_us.push_back(a * 1000);
@@ -212,13 +220,13 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
     result["gemm_and_rest_us"] = t - result["dispatch_us"].get<float>() - result["combine_us"].get<float>();
     backend->destroy();
   }
-  group->destroy();
-  cudaStreamDestroy(stream);
-  if (lr.rank == 0) {
+  for (auto& e : ev) cudaEventDestroy(e);
+  if (rank == 0) {
     {
+      if (o.loopback) std::printf("%s: in-process ranks on one GPU, the GB/s are not NVLink's\n", mode.c_str());
       std::printf("| mode | ranks | tokens/rank | H | k | E | dispatch us | dispatch GB/s | combine us | combine GB/s | "
                   "combine per-slot equiv GB/s |\n");
-      std::printf("| dispatch+combine | %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", lr.ranks, o.tokens,
+      std::printf("| dispatch+combine | %d | %d | %d | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", ranks, o.tokens,
                   o.hidden, o.top_k, o.experts, result["dispatch_us"].get<float>(), result["dispatch_GBps"].get<double>(),
                   result["combine_us"].get<float>(), result["combine_GBps"].get<double>(),
                   result["combine_per_slot_equiv_GBps"].get<double>());
@@ -232,14 +240,57 @@ int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
     }
     if (o.staged) {
       std::printf("| mode | ranks | tokens/rank | H | I | E | k | format | forward us | TFLOP/s | forward - dispatch - combine us | expert GEMM |\n");
-      std::printf("| staged | %d | %d | %d | %d | %d | %d | %s | %.1f | %.2f | %.1f | %s |\n", lr.ranks, o.tokens,
+      std::printf("| staged | %d | %d | %d | %d | %d | %d | %s | %.1f | %.2f | %.1f | %s |\n", ranks, o.tokens,
                   o.hidden, o.intermediate, o.experts, o.top_k, o.format.c_str(), result["forward_us"].get<float>(),
                   result["TFLOPs"].get<double>(), result["gemm_and_rest_us"].get<float>(),
                   result["expert_gemm"].get<std::string>().c_str());
     }
     if (!o.json.empty()) std::ofstream(o.json) << result.dump(2) << "\n";
   }
+}
+
+int run_rank(const BenchEpOptions& o, const LaunchedRank& lr) {
+  auto group = EpGroup::bootstrap(lr.rank, lr.ranks, lr.rendezvous);
+  cudaStream_t stream;
+  MEGAMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  run_on_group(o, *group, stream, "nccl");
+  group->destroy();
+  cudaStreamDestroy(stream);
   return 0;
+}
+
+// --loopback: one host thread per rank (megamoe/ep.h, EpLoopbackFabric NOTES: each rank launches its own part,
+// on its own stream and SM partition; eager module loading and a hardware queue per stream, set here before the
+// first CUDA call of the process).
+int run_loopback(const BenchEpOptions& o) {
+  MEGAMOE_CHECK(o.ranks >= 1 && o.ranks <= kMaxEpRanks, "--ranks ", o.ranks, " with --loopback: 1..", kMaxEpRanks);
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+  detail::SmPartitionStreams partitions(0, o.ranks);
+  const std::string mode = partitions.fallback().empty()
+                               ? "loopback, " + std::to_string(partitions.sm_count(0)) + " SMs per rank"
+                               : "loopback, the ranks share every SM (" + partitions.fallback() + ")";
+  auto fabric = make_ep_loopback_fabric(o.ranks, 0);
+  std::mutex failures_mutex;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < o.ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        MEGAMOE_CUDA_CHECK(cudaSetDevice(0));
+        auto group = EpGroup::loopback(fabric, r);
+        run_on_group(o, *group, partitions.stream(r), mode);
+        group->destroy();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(failures_mutex);
+        failures.push_back("rank " + std::to_string(r) + ": " + e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures) std::fprintf(stderr, "bench ep --loopback: %s\n", f.c_str());
+  const std::string overflow = check_ep_loopback_guards(*fabric);
+  if (!overflow.empty()) std::fprintf(stderr, "bench ep --loopback: %s\n", overflow.c_str());
+  return failures.empty() && overflow.empty() ? 0 : 1;
 }
 
 }  // namespace
@@ -257,9 +308,12 @@ MEGAMOE_SUBCOMMAND("bench", "ep", "EP dispatch/combine bandwidth and the staged 
   app.add_option("--preset", o->preset, "dsv3 | ml3 | ms4 | dsv4-flash | qwen3-30b");
   app.add_option("--format", o->format, "fp8 | bf16 (staged)");
   app.add_flag("--staged", o->staged, "time the staged layer instead of dispatch+combine alone");
+  app.add_flag("--loopback", o->loopback,
+               "--ranks in-process ranks on GPU 0, one SM partition each (they share its HBM; no NVLink)");
   app.add_option("--json", o->json, "write rank 0's result here");
   return [o]() -> int {
     apply_preset(*o);
+    if (o->loopback) return run_loopback(*o);
     LaunchedRank lr;
     if (launched_rank_from_env(&lr)) return run_rank(*o, lr);
     return relaunch_self_on_ranks(o->ranks, 600);

@@ -102,7 +102,7 @@ struct EpOptions {
 //   8 ranks and the default, a rank's send kernel waited in a queue behind a peer's kernel that was waiting for it.
 // - The kernels progress whatever the residency of their blocks, but with 3+ ranks one rank's grid can hold
 //   every SM while it waits for a rank that got none: give each rank its own SM partition (a green-context
-//   stream; tests/common/sm_partition.h).
+//   stream; src/common/sm_partition.h).
 struct EpLoopbackFabric;
 // `ranks` in [1, kMaxEpRanks]; `device` a visible CUDA device. Host-only until a group allocates.
 std::shared_ptr<EpLoopbackFabric> make_ep_loopback_fabric(int ranks, int device);

@@ -448,7 +448,7 @@ class MegaBackend final : public MoeBackend {
   // else the device's). NOTES: the persistent kernel's CTAs wait on each other (rows gathered, GEMM-1 tiles done) and
   // on the peers' kernels, so every CTA of every rank must be resident at once. Across GPUs that is the cooperative
   // launch. In-process ranks of ONE GPU (EpGroup::loopback) share its SMs: each rank needs its own SM partition (a
-  // green-context stream, as tests/common/sm_partition.h makes) of at most device SMs / ranks, or the first rank's
+  // green-context stream, as src/common/sm_partition.h makes) of at most device SMs / ranks, or the first rank's
   // grid would hold SMs that a peer's grid needs while it waits for that peer; refused here before anything is launched.
   int fused_grid(cudaStream_t stream) const {
     const int partition_sms = std::min(detail::stream_green_context_sms(stream), device_sms_);

@@ -18,8 +18,8 @@
 #include "common/ep_harness.h"
 #include "common/gpu_stream.h"
 #include "common/scoped_overrides.h"
-#include "common/sm_partition.h"
 #include "ep/transport.h"
+#include "src/common/sm_partition.h"
 
 namespace megamoe::testing {
 namespace {
@@ -47,7 +47,7 @@ bool rerun_eager_if_parent() {
 // Runs `body` on `ranks` in-process ranks of GPU 0, one thread each, each on its own SM partition; a rank's
 // exception becomes a test failure naming the rank (the others then end in their bounded rendezvous).
 void run_loopback_ranks(int ranks, const std::function<void(EpGroup&, cudaStream_t)>& body, EpOptions options = {}) {
-  SmPartitionStreams partitions(0, ranks);
+  detail::SmPartitionStreams partitions(0, ranks);
   if (!partitions.fallback().empty())
     std::printf("[loopback] no SM partitions (%s): the %d ranks share every SM\n", partitions.fallback().c_str(), ranks);
   else

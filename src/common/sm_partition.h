@@ -1,7 +1,8 @@
 // SM partitions of one GPU with one non-blocking stream each: CUDA green contexts (driver API, CUDA >= 12.4), so
 // that in-process EP ranks (EpGroup::loopback) each run on their own SMs (megamoe/ep.h, EpLoopbackFabric NOTES).
-// The driver functions come through cudaGetDriverEntryPointByVersion: the test binaries do not link libcuda,
-// which CI machines (no GPU driver) lack.
+// Header-only, for the programs that run such ranks (the loopback tests, `megamoe bench ep --loopback`); the
+// library itself only reads a stream's partition (stream_sms.h). The driver functions come through
+// cudaGetDriverEntryPointByVersion: the binaries do not link libcuda, which CI machines (no GPU driver) lack.
 //   SmPartitionStreams parts(device, ranks);   // parts.stream(r), parts.sm_count(r)
 // When green contexts are unavailable (old driver, too few SMs), `fallback` says why and every part is a plain
 // non-blocking stream over all SMs.
@@ -18,7 +19,7 @@
 
 #include "megamoe/error_cuda.h"
 
-namespace megamoe::testing {
+namespace megamoe::detail {
 
 class SmPartitionStreams {
  public:
@@ -113,4 +114,4 @@ class SmPartitionStreams {
   std::string fallback_;
 };
 
-}  // namespace megamoe::testing
+}  // namespace megamoe::detail
