@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call (ONE H200, <= 420 s), session 26: the gather design end to end, on binaries prebuilt from branch
-# dispatch-gather + the v11 GEMM-1 gather (docs/experiments/session26-gather.patch): the EP dispatch stores each token once
+# One device call (ONE H200, <= 420 s), session 26: the gather design end to end, on binaries prebuilt from a tree with
+# docs/experiments/session26-gather.patch applied (NOT merged; `git apply` it, then scripts/prebuild.sh gather-eval): the
+# dispatcher's gather mode + the v11 GEMM-1 gather. The EP dispatch stores each token once
 # per rank (MEGAMOE_EP_GATHER=1, docs/ep.md "Gather mode") and GEMM 1 gathers its A rows (docs/grouped_gemm.md "v11 GEMM
 # 1 gather"). Everything is packed into $OUT/gather_eval.tgz after every step. Steps:
 # (1) the gather dispatch bit-exact against expand (one rank and in-process ranks), the dispatch / combine regressions,
